@@ -1,0 +1,101 @@
+"""Agreement on a collective's metadata before any data moves.
+
+Every rank hashes what it is about to do (collective, name, dtype, shape, root, op, ...) and the
+ranks exchange the hashes in one small Allgather. If the hashes differ, or a rank found its own
+arguments bad, the ranks exchange the full metadata and every rank raises: the rank at fault its
+own TypeError/ValueError, the others a MismatchError naming the ranks and values. So a mistake on
+one rank becomes an exception on all ranks instead of a hang or silently wrong data.
+"""
+
+import hashlib
+import os
+
+import numpy as np
+
+from .exceptions import MismatchError
+
+__all__ = ["agree", "describe", "metadata_check_enabled"]
+
+_FAILED = 0  # the digest a rank sends when its own arguments were bad
+
+
+def metadata_check_enabled() -> bool:
+    """Return whether collectives check metadata first (HOROVODLITE_CHECK_METADATA, default on)."""
+    value = os.environ.get("HOROVODLITE_CHECK_METADATA", "1").strip().lower()
+    return value not in ("0", "false", "no", "off")
+
+
+def _digest(fields: dict) -> int:
+    data = repr(sorted(fields.items())).encode()
+    value = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
+    return value or 1
+
+
+def describe(fields: dict) -> str:
+    """Return "allreduce 'name'" for messages."""
+    name = fields.get("name")
+    kind = fields.get("collective", "collective")
+    return f"{kind} {name!r}" if name is not None else f"{kind} (unnamed)"
+
+
+def _ranks(ranks: list) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def _mismatch_message(infos: list) -> str:
+    """Explain which ranks disagree on what, the rarest values first."""
+    header = describe(infos[0][0])
+    if len({describe(fields) for fields, _ in infos}) > 1:
+        header = "collective"
+    problems = [
+        f"{_ranks([r])} failed before sending: {error}"
+        for r, (_, error) in enumerate(infos)
+        if error is not None
+    ]
+    keys = sorted({k for fields, error in infos if error is None for k in fields})
+    for key in keys:
+        groups: dict = {}
+        for r, (fields, error) in enumerate(infos):
+            if error is None:
+                groups.setdefault(repr(fields.get(key)), []).append(r)
+        if len(groups) > 1:
+            ordered = sorted(groups.items(), key=lambda item: (len(item[1]), item[1]))
+            parts = [f"{_ranks(ordered[0][1])} sent {key} {ordered[0][0]}"]
+            parts += [f"{_ranks(ranks)} sent {value}" for value, ranks in ordered[1:]]
+            problems.append(", ".join(parts))
+    return (
+        f"{header}: " + "; ".join(problems) + " (every rank must call the same collectives, in the "
+        "same order, with matching arguments)"
+    )
+
+
+def agree(comm, fields: dict, error: Exception = None, payload: int = None):
+    """Check that all ranks of `comm` submit the same `fields`; return every rank's `payload`.
+
+    `payload` is one integer that may differ per rank by design (allgather's first dimension);
+    when given, the returned array holds every rank's, else None is returned.
+
+    Raises:
+        `error` on the rank that passed one; MismatchError on every other rank when any rank
+        passed an error or the fields differ.
+    """
+    if not metadata_check_enabled():
+        if error is not None:
+            raise error
+        if payload is None:
+            return None
+        payloads = np.empty(comm.size, dtype=np.int64)
+        comm.Allgather(np.array([payload], dtype=np.int64), payloads)
+        return payloads
+    digest = _FAILED if error is not None else _digest(fields)
+    mine = np.array([digest, 0 if payload is None else payload], dtype=np.int64)
+    everyone = np.empty((comm.size, 2), dtype=np.int64)
+    comm.Allgather(mine, everyone)
+    digests = everyone[:, 0]
+    if digests[0] != _FAILED and (digests == digests[0]).all():
+        return None if payload is None else everyone[:, 1]
+    # Slow path, taken only on a mistake: gather everything and explain it.
+    infos = comm.allgather((fields, None if error is None else f"{type(error).__name__}: {error}"))
+    if error is not None:
+        raise error
+    raise MismatchError(_mismatch_message(infos))

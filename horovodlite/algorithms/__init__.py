@@ -1,0 +1,51 @@
+"""All-reduce and reduce-scatter algorithms, and the default choice between them.
+
+Each algorithm is a function on a flat contiguous buffer: `allreduce(comm, buf, op, xp)` reduces
+in place; `reducescatter(comm, buf, bounds, op, xp)` returns this rank's chunk.
+"""
+
+import os
+
+from .naive import naive_allreduce
+from .native import mpi_allreduce, mpi_reducescatter, supports
+from .ring import ring_allreduce, ring_reducescatter
+
+__all__ = [
+    "ALLREDUCE",
+    "REDUCESCATTER",
+    "SMALL_MESSAGE_BYTES",
+    "choose",
+    "requested_algorithm",
+]
+
+ALLREDUCE = {"ring": ring_allreduce, "naive": naive_allreduce, "mpi": mpi_allreduce}
+REDUCESCATTER = {"ring": ring_reducescatter, "mpi": mpi_reducescatter}
+
+# Below this size latency dominates and the MPI library's own algorithm (recursive doubling in
+# C) wins; above it the ring's bandwidth optimality wins. Measured in docs/algorithms.md.
+SMALL_MESSAGE_BYTES = 64 * 1024
+
+
+def requested_algorithm(algorithm):
+    """Return the algorithm asked for by argument or HOROVODLITE_ALLREDUCE_ALGORITHM, or None."""
+    if algorithm is None:
+        algorithm = os.environ.get("HOROVODLITE_ALLREDUCE_ALGORITHM") or None
+    if algorithm is not None and algorithm != "auto" and algorithm not in ALLREDUCE:
+        raise ValueError(
+            f"unknown algorithm {algorithm!r}: use one of {', '.join(ALLREDUCE)} or 'auto'"
+        )
+    return None if algorithm == "auto" else algorithm
+
+
+def choose(requested, table: dict, nbytes: int, dtype, xp) -> str:
+    """Return the algorithm to run: `requested` if given, else by message size."""
+    if requested is not None:
+        if requested not in table:
+            raise ValueError(f"algorithm {requested!r} is not available here: use one of "
+                             f"{', '.join(table)}")
+        if requested == "mpi" and not supports(dtype, xp):
+            return "ring"
+        return requested
+    if nbytes <= SMALL_MESSAGE_BYTES and supports(dtype, xp):
+        return "mpi"
+    return "ring"

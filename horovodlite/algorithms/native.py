@@ -1,0 +1,66 @@
+"""The MPI library's own collectives (MPI_Allreduce, MPI_Reduce_scatter).
+
+Types the MPI standard cannot reduce portably (float16, bfloat16, bool) use a user-defined
+MPI op that reduces with numpy, created once per dtype and op.
+"""
+
+import functools
+
+import numpy as np
+from mpi4py import MPI
+
+from ..buffers import native_mpi_type, wire_type
+from ..ops import ReduceOp, reduce_into
+
+__all__ = ["mpi_allreduce", "mpi_reducescatter", "supports"]
+
+_MPI_OP = {
+    ReduceOp.AVERAGE: MPI.SUM,
+    ReduceOp.SUM: MPI.SUM,
+    ReduceOp.MIN: MPI.MIN,
+    ReduceOp.MAX: MPI.MAX,
+    ReduceOp.PRODUCT: MPI.PROD,
+}
+
+
+@functools.cache
+def _user_op(dtype: np.dtype, op: ReduceOp) -> MPI.Op:
+    def combine(inbuf, inoutbuf, datatype):
+        acc = np.frombuffer(inoutbuf, dtype=dtype)
+        reduce_into(np, acc, np.frombuffer(inbuf, dtype=dtype), op)
+
+    return MPI.Op.Create(combine, commute=True)
+
+
+def _datatype_and_op(dtype: np.dtype, op: ReduceOp):
+    mpi_type = native_mpi_type(dtype)
+    if mpi_type is not None:
+        return mpi_type, _MPI_OP[op]
+    return wire_type(dtype), _user_op(dtype, op)
+
+
+def supports(dtype: np.dtype, xp) -> bool:
+    """Return whether the MPI library can reduce `dtype` for arrays of module `xp`."""
+    # A user-defined op runs on the host, so device arrays need a type MPI reduces natively.
+    return xp is np or native_mpi_type(dtype) is not None
+
+
+def mpi_allreduce(comm, buf, op, xp) -> None:
+    """All-reduce the flat contiguous `buf` in place with MPI_Allreduce."""
+    if comm.size == 1 or buf.size == 0:
+        return
+    mpi_type, mpi_op = _datatype_and_op(buf.dtype, op)
+    comm.Allreduce(MPI.IN_PLACE, [buf, mpi_type], mpi_op)
+
+
+def mpi_reducescatter(comm, buf, bounds, op, xp):
+    """Reduce `buf` across ranks with MPI_Reduce_scatter; return this rank's chunk."""
+    lo, hi = bounds[comm.rank]
+    out = xp.empty(hi - lo, dtype=buf.dtype)
+    if comm.size == 1:
+        out[...] = buf[lo:hi]
+        return out
+    mpi_type, mpi_op = _datatype_and_op(buf.dtype, op)
+    counts = [b - a for a, b in bounds]
+    comm.Reduce_scatter([buf, mpi_type], [out, mpi_type], counts, mpi_op)
+    return out

@@ -1,0 +1,150 @@
+"""Array handling: which arrays are accepted, their MPI wire types, GPU detection and staging.
+
+Host arrays are numpy arrays (or anything numpy can view). GPU arrays are CuPy arrays or any
+object exposing `__cuda_array_interface__` or a CUDA DLPack device; they are viewed as CuPy
+arrays, so reductions on them run on the GPU. When the MPI library is not CUDA-aware, GPU data is
+staged through host memory around the communication.
+"""
+
+import ctypes
+import functools
+import os
+
+import ml_dtypes
+import numpy as np
+from mpi4py import MPI
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "as_array",
+    "array_module",
+    "cuda_aware_mpi",
+    "native_mpi_type",
+    "wire_type",
+]
+
+# Dtypes every collective accepts. bool is data movement plus Sum/Min/Max/Product (or/and).
+SUPPORTED_DTYPES = tuple(
+    np.dtype(t)
+    for t in (
+        np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.uint64, np.int64,
+        np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.bool_,
+    )
+)  # fmt: skip
+
+# MPI datatypes the MPI library can reduce itself. float16, bfloat16 and bool have none that
+# every MPI supports, so the native algorithm reduces them with a user-defined op instead.
+_NATIVE_MPI_TYPE = {
+    np.dtype(np.uint8): MPI.UINT8_T,
+    np.dtype(np.int8): MPI.INT8_T,
+    np.dtype(np.uint16): MPI.UINT16_T,
+    np.dtype(np.int16): MPI.INT16_T,
+    np.dtype(np.uint32): MPI.UINT32_T,
+    np.dtype(np.int32): MPI.INT32_T,
+    np.dtype(np.uint64): MPI.UINT64_T,
+    np.dtype(np.int64): MPI.INT64_T,
+    np.dtype(np.float32): MPI.FLOAT,
+    np.dtype(np.float64): MPI.DOUBLE,
+}
+
+# Moving data needs no arithmetic: an unsigned integer type of the same width carries any dtype.
+_WIRE_TYPE = {1: MPI.UINT8_T, 2: MPI.UINT16_T, 4: MPI.UINT32_T, 8: MPI.UINT64_T}
+
+_CUDA_DLPACK_DEVICES = (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+
+
+def wire_type(dtype: np.dtype) -> MPI.Datatype:
+    """Return the MPI datatype that moves elements of `dtype` bit for bit."""
+    return _WIRE_TYPE[dtype.itemsize]
+
+
+def native_mpi_type(dtype: np.dtype):
+    """Return the MPI datatype the MPI library can reduce for `dtype`, or None."""
+    return _NATIVE_MPI_TYPE.get(dtype)
+
+
+def _is_gpu_object(obj) -> bool:
+    if hasattr(obj, "__cuda_array_interface__"):
+        return True
+    dlpack_device = getattr(obj, "__dlpack_device__", None)
+    return dlpack_device is not None and dlpack_device()[0] in _CUDA_DLPACK_DEVICES
+
+
+def as_array(obj):
+    """View `obj` as a numpy or CuPy array without copying where possible.
+
+    Raises:
+        TypeError: `obj` is not an array, or its dtype is not supported.
+    """
+    if isinstance(obj, np.ndarray):
+        array = obj
+    elif _is_gpu_object(obj):
+        import cupy  # only GPU users need CuPy
+
+        # CuPy honours the producer's stream (CUDA array interface v3, DLPack `stream=`).
+        array = cupy.asarray(obj) if hasattr(obj, "__cuda_array_interface__") else (
+            cupy.from_dlpack(obj)
+        )
+    else:
+        try:
+            array = np.asarray(obj)
+        except Exception as exc:
+            raise TypeError(
+                f"expected an array (numpy, CuPy, or anything with the buffer protocol, "
+                f"__cuda_array_interface__ or DLPack), got {type(obj).__name__}"
+            ) from exc
+    if array.dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+        raise TypeError(f"dtype {array.dtype} is not supported: use one of {names}")
+    return array
+
+
+def array_module(array):
+    """Return numpy or cupy, whichever owns `array`."""
+    if isinstance(array, np.ndarray):
+        return np
+    import cupy
+
+    return cupy
+
+
+def synchronize_device(xp) -> None:
+    """Wait for the current CUDA stream, so MPI reads finished data."""
+    if xp is not np:
+        xp.cuda.get_current_stream().synchronize()
+
+
+def _mpi_library_handle():
+    """Return a ctypes handle on the loaded MPI shared library, or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libmpi" in line.rsplit("/", 1)[-1]}
+    except OSError:
+        paths = set()
+    for path in sorted(paths):
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
+@functools.cache
+def cuda_aware_mpi() -> bool:
+    """Return whether the MPI library accepts GPU buffers.
+
+    `HOROVODLITE_CUDA_AWARE_MPI=1` or `=0` overrides the library's own answer
+    (`MPIX_Query_cuda_support`, exported by MPICH and Open MPI).
+    """
+    override = os.environ.get("HOROVODLITE_CUDA_AWARE_MPI")
+    if override is not None:
+        return override.strip().lower() in ("1", "true", "yes", "on")
+    library = _mpi_library_handle()
+    query = getattr(library, "MPIX_Query_cuda_support", None) if library is not None else None
+    if query is None:
+        return False
+    query.restype = ctypes.c_int
+    return bool(query())

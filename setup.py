@@ -1,0 +1,54 @@
+"""Install horovodlite: the core package plus the framework bindings under horovodlite.*."""
+
+import os
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# bindings/<framework> installs as horovodlite.<framework>; only those present are packaged.
+BINDINGS = [
+    name
+    for name in ("torch", "tensorflow", "keras")
+    if os.path.isfile(os.path.join(HERE, "bindings", name, "__init__.py"))
+]
+packages = find_packages(include=["horovodlite", "horovodlite.*"])
+packages += [f"horovodlite.{b}" for b in BINDINGS]
+package_dir = {"horovodlite": "horovodlite"}
+package_dir.update({f"horovodlite.{b}": f"bindings/{b}" for b in BINDINGS})
+
+
+def read_version() -> str:
+    with open(os.path.join(HERE, "horovodlite", "version.py")) as f:
+        namespace: dict = {}
+        exec(f.read(), namespace)
+    return namespace["__version__"]
+
+
+extras = {
+    "mpich": ["mpich"],
+    "cuda": ["cupy-cuda12x"],
+    "torch": ["torch>=2.1"],
+    "tensorflow": ["tensorflow>=2.16", "keras>=3"],
+    "test": ["pytest>=7", "pytest-timeout", "hypothesis"],
+    "docs": ["mkdocs>=1.5"],
+    "bench": ["matplotlib", "tqdm"],
+}
+extras["all"] = sorted({req for reqs in extras.values() for req in reqs})
+
+setup(
+    name="horovodlite",
+    version=read_version(),
+    description="Data-parallel training on MPI in pure Python: a drop-in successor to Horovod.",
+    long_description=open(os.path.join(HERE, "README.md")).read()
+    if os.path.exists(os.path.join(HERE, "README.md"))
+    else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=packages,
+    package_dir=package_dir,
+    install_requires=["mpi4py>=4", "numpy", "ml_dtypes"],
+    extras_require=extras,
+    entry_points={"console_scripts": ["horovodlite-run=horovodlite.run:main"]},
+    license="Apache-2.0",
+)

@@ -1,0 +1,26 @@
+"""Run every multi-rank test module in tests/ranks/ under mpiexec with 1, 2, 3 and 4 ranks.
+
+Each module runs as a pytest session on every rank at once (collectives need all ranks), under a
+timeout. A failure shows the output of all ranks, each line prefixed by its rank.
+"""
+
+import pathlib
+
+import pytest
+from mpirun import RANK_COUNTS, run_ranks
+
+RANKS_DIR = pathlib.Path(__file__).parent / "ranks"
+MODULES = sorted(p.name for p in RANKS_DIR.glob("rank_*.py"))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np", RANK_COUNTS)
+@pytest.mark.parametrize("module", MODULES)
+def test_module_on_ranks(module, np):
+    result = run_ranks(
+        np,
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "python_files=rank_*.py",
+         "--rootdir", str(RANKS_DIR), str(RANKS_DIR / module)],
+        timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, f"{module} failed on {np} ranks:\n{result.stdout[-20000:]}"
