@@ -11,6 +11,7 @@ from .collectives import (
     broadcast,
     broadcast_,
     broadcast_object,
+    grouped_allreduce,
     reducescatter,
 )
 from .exceptions import HorovodInternalError, HorovodLiteError, MismatchError, NotInitializedError
@@ -52,7 +53,7 @@ __all__ = [
     "ddl_built", "rocm_built", "cuda_built", "cuda_aware_mpi",
     # collectives
     "allreduce", "allreduce_", "reducescatter", "broadcast", "broadcast_", "allgather",
-    "alltoall", "barrier", "broadcast_object", "allgather_object",
+    "alltoall", "grouped_allreduce", "barrier", "broadcast_object", "allgather_object",
     # reduce ops
     "ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum",
     # process sets

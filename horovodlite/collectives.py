@@ -1,24 +1,27 @@
-"""The synchronous collectives on numpy and GPU arrays.
+"""The collectives on numpy and GPU arrays.
 
-Each collective is written once, as a private function with an `inplace` parameter; the public
-names are one-line wrappers. Every call first validates its arguments, then agrees on its
-metadata with the other ranks (see agreement.py), then moves data.
+Each collective is written once, as a `*_plan` function that validates the arguments and returns a
+Plan (plan.py). The public synchronous names run the plan at once (`run_now`); the engine runs the
+same plans asynchronously. Argument errors found on one rank travel with the plan and are raised
+on every rank after the agreement step, so a mistake never leaves the other ranks waiting.
 """
 
 import operator
+from contextlib import nullcontext
 
 import numpy as np
 
 from . import algorithms
-from .agreement import agree
-from .algorithms.scratch import chunk_bounds
+from .algorithms.scratch import chunk_bounds, scratch
 from .buffers import array_module, as_array, cuda_aware_mpi, synchronize_device, wire_type
 from .ops import ReduceOp, resolve_op
+from .plan import Plan, run_now
 from .process_sets import communicator, global_process_set
 
 __all__ = [
     "allreduce",
     "allreduce_",
+    "grouped_allreduce",
     "broadcast",
     "broadcast_",
     "allgather",
@@ -27,46 +30,51 @@ __all__ = [
     "barrier",
     "broadcast_object",
     "allgather_object",
+    "allreduce_plan",
+    "broadcast_plan",
+    "allgather_plan",
+    "reducescatter_plan",
+    "alltoall_plan",
+    "fused_allreduce",
 ]
 
 
 # ---------------------------------------------------------------------------------------------
-# Working buffers: where the algorithm runs, and how its result gets back to the caller.
+# Working buffers: where an algorithm runs, and how its result gets back to the caller.
 
 
-class _Work:
-    """A flat contiguous buffer for an algorithm to run on, and how to hand back its result.
-
-    GPU arrays are used as they are when MPI is CUDA-aware, else staged through host memory.
-    """
-
-    def __init__(self, array, xp, *, copy: bool, inplace: bool = False):
-        self.array, self.xp, self.inplace = array, xp, inplace
-        self.staged = xp is not np and not cuda_aware_mpi()
-        if self.staged:
-            self.buf, self.module = xp.asnumpy(array).reshape(-1), np
-        elif not copy and array.flags.c_contiguous:
-            self.buf, self.module = array.reshape(-1), xp
-        else:
-            self.buf, self.module = xp.array(array, copy=True, order="C").reshape(-1), xp
-        self.aliased = not self.staged and _shares_memory(self.buf, array)
-        synchronize_device(self.module)
-
-    def result(self, buf=None, shape=None):
-        """Return `buf` (default: the working buffer) shaped as `shape`, delivered to the caller."""
-        buf = self.buf if buf is None else buf
-        shape = self.array.shape if shape is None else shape
-        out = buf.reshape(shape)
-        if self.staged:
-            out = self.xp.asarray(out)
-        if not self.inplace:
-            return out
-        if not self.aliased:
-            self.array[...] = out
-        return self.array
+def _staged(xp) -> bool:
+    """Return whether GPU data must go through host memory (the MPI is not CUDA-aware)."""
+    return xp is not np and not cuda_aware_mpi()
 
 
-def _shares_memory(a, b) -> bool:
+def _flat_work(array, xp, copy: bool):
+    """Return (flat contiguous buffer, its module) for an algorithm to run on."""
+    if _staged(xp):
+        return xp.asnumpy(array).reshape(-1), np
+    if not copy and array.flags.c_contiguous:
+        buf = array.reshape(-1)
+    else:
+        buf = xp.array(array, copy=True, order="C").reshape(-1)
+    synchronize_device(xp)
+    return buf, xp
+
+
+def _deliver(buf, array, xp, inplace: bool, shape=None):
+    """Hand `buf` back shaped as `shape`: as a new array, or written into `array` if in place."""
+    out = buf.reshape(array.shape if shape is None else shape)
+    if xp is not np and isinstance(out, np.ndarray):
+        out = xp.asarray(out)
+    if not inplace:
+        return out
+    if not _same_memory(out, array):
+        array[...] = out
+    return array
+
+
+def _same_memory(a, b) -> bool:
+    if type(a) is not type(b):
+        return False
     if isinstance(a, np.ndarray):
         return np.shares_memory(a, b)
     return a.data.ptr == b.data.ptr
@@ -79,8 +87,7 @@ def _scale(xp, buf, factor: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Argument checks. They run before any communication; a failure is passed to agree(), which
-# raises it on this rank and a MismatchError naming this rank on all others.
+# Argument checks. They run before any communication; an error is carried by the plan.
 
 
 def _check_reduction(array, op: ReduceOp, prescale: float, postscale: float) -> None:
@@ -116,57 +123,113 @@ def _root_index(root_rank, ranks) -> int:
     return list(ranks).index(root)
 
 
-def _run_checks(*checks):
-    """Run the argument checks in order; return the first error, or None."""
+def _checked(check):
+    """Run `check()`; return (its result, None) or (None, the argument error it raised)."""
     try:
-        for check in checks:
-            check()
+        return check(), None
     except (TypeError, ValueError, NotImplementedError) as exc:
-        return exc
-    return None
+        return None, exc
+
+
+def _prepare(tensor, process_set):
+    """Return (communicator, global ranks, array, array module) for a collective's input."""
+    comm, ranks = communicator(process_set)
+    array = as_array(tensor)
+    return comm, ranks, array, array_module(array)
+
+
+def _set_id(process_set) -> int:
+    return (process_set or global_process_set).process_set_id
 
 
 # ---------------------------------------------------------------------------------------------
-# All-reduce and reduce-scatter.
+# All-reduce, fusable.
 
 
-def _allreduce(tensor, op, average, name, prescale_factor, postscale_factor, process_set,
-               algorithm, inplace):  # fmt: skip
-    comm, _ = communicator(process_set)
-    array = as_array(tensor)
-    xp = array_module(array)
-    resolved = {}
+class FusionEntry:
+    """One all-reduce as the fusion code sees it: its input, and how to return its result."""
+
+    def __init__(self, array, xp, inplace, op, prescale, postscale, requested):
+        self.array, self.xp, self.inplace = array, xp, inplace
+        self.op, self.prescale, self.postscale, self.requested = op, prescale, postscale, requested
+        # All-reduces with equal keys can share one fusion buffer and one collective.
+        self.key = (str(array.dtype), op, prescale, postscale, requested, xp.__name__)
+
+
+def fused_allreduce(comm, entries: list, timeline=None) -> list:
+    """All-reduce `entries` (equal keys) as one buffer; return their results in order.
+
+    `timeline`, if given, is called as `timeline(phase)` and returns a context manager that
+    records the phase (engine.py passes the Chrome-trace recorder).
+    """
+    span = timeline or (lambda phase: nullcontext())
+    first = entries[0]
+    dtype, xp = first.array.dtype, first.xp
+    if len(entries) == 1:
+        buf, module = _flat_work(first.array, xp, copy=not first.inplace)
+    else:
+        module = np if _staged(xp) else xp
+        total = sum(entry.array.size for entry in entries)
+        buf = scratch(module, dtype, total, slot="fusion")
+        with span("MEMCPY_IN_FUSION_BUFFER"):
+            offset = 0
+            for entry in entries:
+                part, _ = _flat_work(entry.array, xp, copy=False)
+                buf[offset : offset + part.size] = part
+                offset += part.size
+        synchronize_device(module)
+    chosen = algorithms.choose(first.requested, algorithms.ALLREDUCE, buf.nbytes, dtype, module)
+    with span(f"ALLREDUCE_{chosen.upper()}"):
+        _scale(module, buf, first.prescale)
+        algorithms.ALLREDUCE[chosen](comm, buf, first.op, module)
+        divisor = comm.size if first.op == ReduceOp.AVERAGE else 1
+        _scale(module, buf, first.postscale / divisor)
+    if len(entries) == 1:
+        return [_deliver(buf, first.array, xp, first.inplace)]
+    results, offset = [], 0
+    with span("MEMCPY_OUT_FUSION_BUFFER"):
+        for entry in entries:
+            part = buf[offset : offset + entry.array.size]
+            offset += entry.array.size
+            # The fusion buffer is reused, so out-of-place results need their own memory.
+            results.append(_deliver(part if entry.inplace else part.copy(), entry.array,
+                                    xp, entry.inplace))  # fmt: skip
+    return results
+
+
+def allreduce_plan(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                   process_set=global_process_set, algorithm=None, average=None,
+                   inplace=False) -> Plan:  # fmt: skip
+    """Return the Plan of an all-reduce; see allreduce() for the arguments."""
+    comm, _, array, xp = _prepare(tensor, process_set)
 
     def parse():
-        resolved["op"] = resolve_op(op, average)
-        _check_reduction(array, resolved["op"], prescale_factor, postscale_factor)
-        resolved["requested"] = algorithms.requested_algorithm(algorithm)
+        resolved = resolve_op(op, average)
+        _check_reduction(array, resolved, prescale_factor, postscale_factor)
         if inplace:
             _check_writable(array, "allreduce_")
+        return resolved, algorithms.requested_algorithm(algorithm)
 
-    error = _run_checks(parse)
+    parsed, error = _checked(parse)
+    resolved, requested = parsed or (None, None)
     fields = {
         "collective": "allreduce",
         "name": name,
         "dtype": str(array.dtype),
         "shape": tuple(array.shape),
-        "op": getattr(resolved.get("op"), "name", None),
+        "op": getattr(resolved, "name", None),
         "prescale_factor": float(prescale_factor),
         "postscale_factor": float(postscale_factor),
-        "algorithm": resolved.get("requested"),
+        "algorithm": requested,
     }
-    agree(comm, fields, error)
-    op = resolved["op"]
-    work = _Work(array, xp, copy=not inplace, inplace=inplace)
-    buf = work.buf
-    chosen = algorithms.choose(
-        resolved["requested"], algorithms.ALLREDUCE, buf.nbytes, buf.dtype, work.module
-    )
-    _scale(work.module, buf, prescale_factor)
-    algorithms.ALLREDUCE[chosen](comm, buf, op, work.module)
-    divisor = comm.size if op == ReduceOp.AVERAGE else 1
-    _scale(work.module, buf, postscale_factor / divisor)
-    return work.result()
+    entry = None
+    if error is None:
+        entry = FusionEntry(array, xp, inplace, resolved, float(prescale_factor),
+                            float(postscale_factor), requested)  # fmt: skip
+    return Plan(
+        fields, _set_id(process_set), comm, error,
+        execute=lambda comm, _: fused_allreduce(comm, [entry])[0], fusion=entry,
+    )  # fmt: skip
 
 
 def allreduce(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -186,18 +249,95 @@ def allreduce(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=
         average: deprecated; True means op=Average, False op=Sum.
 
     Raises:
-        TypeError, ValueError: bad arguments on this rank (raised before communication).
+        TypeError, ValueError: bad arguments on this rank (raised on every rank).
         HorovodLiteError: the ranks' arguments disagree, or another rank's were bad.
     """
-    return _allreduce(tensor, op, average, name, prescale_factor, postscale_factor, process_set,
-                      algorithm, inplace=False)  # fmt: skip
+    return run_now(allreduce_plan(tensor, op, name, prescale_factor, postscale_factor,
+                                  process_set, algorithm, average))  # fmt: skip
 
 
 def allreduce_(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set, algorithm=None, average=None):  # fmt: skip
     """In-place allreduce(): write the result into `tensor` and return it."""
-    return _allreduce(tensor, op, average, name, prescale_factor, postscale_factor, process_set,
-                      algorithm, inplace=True)  # fmt: skip
+    return run_now(allreduce_plan(tensor, op, name, prescale_factor, postscale_factor,
+                                  process_set, algorithm, average, inplace=True))  # fmt: skip
+
+
+def grouped_allreduce(tensors, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=global_process_set, algorithm=None, average=None,
+                      inplace=False) -> list:  # fmt: skip
+    """All-reduce a list of arrays of one dtype as one fused buffer; return the results.
+
+    `name` names the group; the arrays are named "<name>.0", "<name>.1", ... in errors.
+    """
+    prefix = name if name is not None else "grouped_allreduce"
+    plans = [
+        allreduce_plan(t, op, f"{prefix}.{i}", prescale_factor, postscale_factor, process_set,
+                       algorithm, average, inplace)  # fmt: skip
+        for i, t in enumerate(tensors)
+    ]
+    if not plans:
+        return []
+    error = next((p.error for p in plans if p.error is not None), None)
+    if error is None and len({p.fusion.key for p in plans}) > 1:
+        error = TypeError("grouped_allreduce needs arrays of one dtype and one kind of device")
+    fields = {"collective": "grouped_allreduce", "name": name,
+              "members": tuple(tuple(sorted(p.fields.items())) for p in plans)}  # fmt: skip
+    group = Plan(fields, plans[0].process_set_id, plans[0].comm, error,
+                 execute=lambda comm, _: fused_allreduce(comm, [p.fusion for p in plans]))
+    return run_now(group)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reduce-scatter.
+
+
+def reducescatter_plan(tensor, op=ReduceOp.AVERAGE, name=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set,
+                       algorithm=None) -> Plan:  # fmt: skip
+    """Return the Plan of a reduce-scatter; see reducescatter() for the arguments."""
+    comm, _, array, xp = _prepare(tensor, process_set)
+
+    def parse():
+        resolved = resolve_op(op, None)
+        _check_rows(array, "reducescatter")
+        _check_reduction(array, resolved, prescale_factor, postscale_factor)
+        requested = algorithms.requested_algorithm(algorithm)
+        if requested not in (None, *algorithms.REDUCESCATTER):
+            raise ValueError(
+                f"reducescatter has no {requested!r} algorithm: use "
+                f"{', '.join(algorithms.REDUCESCATTER)} or None"
+            )
+        return resolved, requested
+
+    parsed, error = _checked(parse)
+    resolved, requested = parsed or (None, None)
+    fields = {
+        "collective": "reducescatter",
+        "name": name,
+        "dtype": str(array.dtype),
+        "shape": tuple(array.shape),
+        "op": getattr(resolved, "name", None),
+        "prescale_factor": float(prescale_factor),
+        "postscale_factor": float(postscale_factor),
+        "algorithm": requested,
+    }
+
+    def execute(comm, _):
+        buf, module = _flat_work(array, xp, copy=True)
+        row = int(np.prod(array.shape[1:], dtype=np.int64))
+        rows = chunk_bounds(array.shape[0], comm.size)
+        bounds = tuple((lo * row, hi * row) for lo, hi in rows)
+        chosen = algorithms.choose(requested, algorithms.REDUCESCATTER, buf.nbytes, buf.dtype,
+                                   module)  # fmt: skip
+        _scale(module, buf, prescale_factor)
+        mine = algorithms.REDUCESCATTER[chosen](comm, buf, bounds, resolved, module).copy()
+        divisor = comm.size if resolved == ReduceOp.AVERAGE else 1
+        _scale(module, mine, postscale_factor / divisor)
+        lo, hi = rows[comm.rank]
+        return _deliver(mine, array, xp, False, (hi - lo, *array.shape[1:]))
+
+    return Plan(fields, _set_id(process_set), comm, error, execute=execute)
 
 
 def reducescatter(tensor, op=ReduceOp.AVERAGE, name=None, prescale_factor=1.0,
@@ -208,67 +348,25 @@ def reducescatter(tensor, op=ReduceOp.AVERAGE, name=None, prescale_factor=1.0,
     Rows are split as Horovod does: with n rows and k ranks, ranks 0 .. n % k - 1 get
     n // k + 1 rows and the others n // k. `algorithm` is "ring", "mpi" or None.
     """
-    comm, _ = communicator(process_set)
-    array = as_array(tensor)
-    xp = array_module(array)
-    resolved = {}
-
-    def parse():
-        resolved["op"] = resolve_op(op, None)
-        _check_rows(array, "reducescatter")
-        _check_reduction(array, resolved["op"], prescale_factor, postscale_factor)
-        resolved["requested"] = algorithms.requested_algorithm(algorithm)
-        if resolved["requested"] not in (None, *algorithms.REDUCESCATTER):
-            raise ValueError(
-                f"reducescatter has no {resolved['requested']!r} algorithm: use "
-                f"{', '.join(algorithms.REDUCESCATTER)} or None"
-            )
-
-    error = _run_checks(parse)
-    fields = {
-        "collective": "reducescatter",
-        "name": name,
-        "dtype": str(array.dtype),
-        "shape": tuple(array.shape),
-        "op": getattr(resolved.get("op"), "name", None),
-        "prescale_factor": float(prescale_factor),
-        "postscale_factor": float(postscale_factor),
-        "algorithm": resolved.get("requested"),
-    }
-    agree(comm, fields, error)
-    op = resolved["op"]
-    work = _Work(array, xp, copy=True)
-    buf = work.buf
-    row = int(np.prod(array.shape[1:], dtype=np.int64))
-    rows = chunk_bounds(array.shape[0], comm.size)
-    bounds = tuple((lo * row, hi * row) for lo, hi in rows)
-    chosen = algorithms.choose(
-        resolved["requested"], algorithms.REDUCESCATTER, buf.nbytes, buf.dtype, work.module
-    )
-    _scale(work.module, buf, prescale_factor)
-    mine = algorithms.REDUCESCATTER[chosen](comm, buf, bounds, op, work.module).copy()
-    divisor = comm.size if op == ReduceOp.AVERAGE else 1
-    _scale(work.module, mine, postscale_factor / divisor)
-    lo, hi = rows[comm.rank]
-    return work.result(mine, (hi - lo, *array.shape[1:]))
+    return run_now(reducescatter_plan(tensor, op, name, prescale_factor, postscale_factor,
+                                      process_set, algorithm))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
 # Data movement.
 
 
-def _broadcast(tensor, root_rank, name, process_set, inplace):
-    comm, ranks = communicator(process_set)
-    array = as_array(tensor)
-    xp = array_module(array)
-    root = {}
+def broadcast_plan(tensor, root_rank, name=None, process_set=global_process_set,
+                   inplace=False) -> Plan:  # fmt: skip
+    """Return the Plan of a broadcast; see broadcast() for the arguments."""
+    comm, ranks, array, xp = _prepare(tensor, process_set)
 
     def parse():
-        root["index"] = _root_index(root_rank, ranks)
         if inplace:
             _check_writable(array, "broadcast_")
+        return _root_index(root_rank, ranks)
 
-    error = _run_checks(parse)
+    root, error = _checked(parse)
     fields = {
         "collective": "broadcast",
         "name": name,
@@ -276,24 +374,51 @@ def _broadcast(tensor, root_rank, name, process_set, inplace):
         "shape": tuple(array.shape),
         "root_rank": root_rank,
     }
-    agree(comm, fields, error)
-    work = _Work(array, xp, copy=not inplace, inplace=inplace)
-    comm.Bcast([work.buf, wire_type(work.buf.dtype)], root["index"])
-    return work.result()
+
+    def execute(comm, _):
+        buf, _module = _flat_work(array, xp, copy=not inplace)
+        comm.Bcast([buf, wire_type(buf.dtype)], root)
+        return _deliver(buf, array, xp, inplace)
+
+    return Plan(fields, _set_id(process_set), comm, error, execute=execute)
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Return a copy of `tensor` as held by global rank `root_rank`, on every rank."""
-    return _broadcast(tensor, root_rank, name, process_set, inplace=False)
+    return run_now(broadcast_plan(tensor, root_rank, name, process_set))
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast(): overwrite `tensor` with the root's and return it."""
-    return _broadcast(tensor, root_rank, name, process_set, inplace=True)
+    return run_now(broadcast_plan(tensor, root_rank, name, process_set, inplace=True))
 
 
 def _displacements(counts) -> list:
-    return np.concatenate(([0], np.cumsum(counts)[:-1])).tolist() if len(counts) else []
+    return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64).tolist()
+
+
+def allgather_plan(tensor, name=None, process_set=global_process_set) -> Plan:
+    """Return the Plan of an allgather; see allgather() for the arguments."""
+    comm, _, array, xp = _prepare(tensor, process_set)
+    _, error = _checked(lambda: _check_rows(array, "allgather"))
+    fields = {
+        "collective": "allgather",
+        "name": name,
+        "dtype": str(array.dtype),
+        "trailing_shape": tuple(array.shape[1:]),
+    }
+
+    def execute(comm, rows):
+        buf, module = _flat_work(array, xp, copy=False)
+        row = int(np.prod(array.shape[1:], dtype=np.int64))
+        counts = (rows * row).tolist()
+        out = module.empty(int(rows.sum()) * row, dtype=array.dtype)
+        wire = wire_type(array.dtype)
+        comm.Allgatherv([buf, wire], [out, (counts, _displacements(counts)), wire])
+        return _deliver(out, array, xp, False, (int(rows.sum()), *array.shape[1:]))
+
+    payload = array.shape[0] if array.ndim else 0
+    return Plan(fields, _set_id(process_set), comm, error, payload=payload, execute=execute)
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
@@ -301,68 +426,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
     Dimension 0 may differ between ranks; the other dimensions and the dtype must match.
     """
-    comm, _ = communicator(process_set)
-    array = as_array(tensor)
-    xp = array_module(array)
-    error = _run_checks(lambda: _check_rows(array, "allgather"))
-    fields = {
-        "collective": "allgather",
-        "name": name,
-        "dtype": str(array.dtype),
-        "trailing_shape": tuple(array.shape[1:]),
-    }
-    rows = agree(comm, fields, error, payload=array.shape[0] if array.ndim else 0)
-    work = _Work(array, xp, copy=False)
-    row = int(np.prod(array.shape[1:], dtype=np.int64))
-    counts = (rows * row).tolist()
-    out = work.module.empty(int(rows.sum()) * row, dtype=array.dtype)
-    wire = wire_type(array.dtype)
-    comm.Allgatherv([work.buf, wire], [out, (counts, _displacements(counts)), wire])
-    return work.result(out, (int(rows.sum()), *array.shape[1:]))
-
-
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    """Send rows `splits[i]` of `tensor`'s dimension 0 to rank i; return what arrives, in order.
-
-    Without `splits` dimension 0 is split evenly and must divide by the number of ranks.
-
-    Returns:
-        The received array, or `(received, received_splits)` when `splits` was given.
-    """
-    comm, _ = communicator(process_set)
-    array = as_array(tensor)
-    xp = array_module(array)
-    parsed = {}
-
-    def parse():
-        _check_rows(array, "alltoall")
-        parsed["splits"] = _parse_splits(splits, array.shape[0], comm.size)
-
-    error = _run_checks(parse)
-    fields = {
-        "collective": "alltoall",
-        "name": name,
-        "dtype": str(array.dtype),
-        "trailing_shape": tuple(array.shape[1:]),
-        "splits_given": splits is not None,
-    }
-    agree(comm, fields, error)
-    send_splits = parsed["splits"]
-    received_splits = np.empty(comm.size, dtype=np.int64)
-    comm.Alltoall(send_splits, received_splits)
-    work = _Work(array, xp, copy=False)
-    row = int(np.prod(array.shape[1:], dtype=np.int64))
-    send_counts, recv_counts = (send_splits * row).tolist(), (received_splits * row).tolist()
-    out = work.module.empty(int(received_splits.sum()) * row, dtype=array.dtype)
-    wire = wire_type(array.dtype)
-    comm.Alltoallv(
-        [work.buf, (send_counts, _displacements(send_counts)), wire],
-        [out, (recv_counts, _displacements(recv_counts)), wire],
-    )
-    received = work.result(out, (int(received_splits.sum()), *array.shape[1:]))
-    if splits is None:
-        return received
-    return received, received_splits.astype(np.int32)
+    return run_now(allgather_plan(tensor, name, process_set))
 
 
 def _parse_splits(splits, rows: int, size: int) -> np.ndarray:
@@ -388,24 +452,73 @@ def _parse_splits(splits, rows: int, size: int) -> np.ndarray:
     return values
 
 
+def alltoall_plan(tensor, splits=None, name=None, process_set=global_process_set) -> Plan:
+    """Return the Plan of an alltoall; see alltoall() for the arguments."""
+    comm, _, array, xp = _prepare(tensor, process_set)
+
+    def parse():
+        _check_rows(array, "alltoall")
+        return _parse_splits(splits, array.shape[0], comm.size)
+
+    send_splits, error = _checked(parse)
+    fields = {
+        "collective": "alltoall",
+        "name": name,
+        "dtype": str(array.dtype),
+        "trailing_shape": tuple(array.shape[1:]),
+        "splits_given": splits is not None,
+    }
+
+    def execute(comm, _):
+        received_splits = np.empty(comm.size, dtype=np.int64)
+        comm.Alltoall(send_splits, received_splits)
+        buf, module = _flat_work(array, xp, copy=False)
+        row = int(np.prod(array.shape[1:], dtype=np.int64))
+        send_counts, recv_counts = (send_splits * row).tolist(), (received_splits * row).tolist()
+        out = module.empty(int(received_splits.sum()) * row, dtype=array.dtype)
+        wire = wire_type(array.dtype)
+        comm.Alltoallv(
+            [buf, (send_counts, _displacements(send_counts)), wire],
+            [out, (recv_counts, _displacements(recv_counts)), wire],
+        )
+        received = _deliver(out, array, xp, False, (int(received_splits.sum()), *array.shape[1:]))
+        if splits is None:
+            return received
+        return received, received_splits.astype(np.int32)
+
+    return Plan(fields, _set_id(process_set), comm, error, execute=execute)
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Send rows `splits[i]` of `tensor`'s dimension 0 to rank i; return what arrives, in order.
+
+    Without `splits` dimension 0 is split evenly and must divide by the number of ranks.
+
+    Returns:
+        The received array, or `(received, received_splits)` when `splits` was given.
+    """
+    return run_now(alltoall_plan(tensor, splits, name, process_set))
+
+
 def barrier(process_set=global_process_set) -> None:
     """Wait until every rank of the process set reaches this call."""
     comm, _ = communicator(process_set)
-    agree(comm, {"collective": "barrier"})
-    comm.Barrier()
+    run_now(Plan({"collective": "barrier"}, _set_id(process_set), comm,
+                 execute=lambda comm, _: comm.Barrier()))  # fmt: skip
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Return the picklable `obj` of global rank `root_rank`, on every rank."""
     comm, ranks = communicator(process_set)
-    root = {}
-    error = _run_checks(lambda: root.setdefault("index", _root_index(root_rank, ranks)))
-    agree(comm, {"collective": "broadcast_object", "name": name, "root_rank": root_rank}, error)
-    return comm.bcast(obj, root=root["index"])
+    root, error = _checked(lambda: _root_index(root_rank, ranks))
+    fields = {"collective": "broadcast_object", "name": name, "root_rank": root_rank}
+    return run_now(Plan(fields, _set_id(process_set), comm, error,
+                        execute=lambda comm, _: comm.bcast(obj, root=root)))  # fmt: skip
 
 
 def allgather_object(obj, name=None, process_set=global_process_set) -> list:
     """Return the list of every rank's picklable `obj`, in rank order."""
     comm, _ = communicator(process_set)
-    agree(comm, {"collective": "allgather_object", "name": name})
-    return comm.allgather(obj)
+    fields = {"collective": "allgather_object", "name": name}
+    return run_now(Plan(fields, _set_id(process_set), comm,
+                        execute=lambda comm, _: comm.allgather(obj)))  # fmt: skip
