@@ -14,9 +14,17 @@ import numpy as np
 
 from .exceptions import MismatchError
 
-__all__ = ["agree", "describe", "metadata_check_enabled"]
+__all__ = [
+    "FAILED",
+    "agree",
+    "describe",
+    "digest",
+    "error_text",
+    "metadata_check_enabled",
+    "mismatch_message",
+]
 
-_FAILED = 0  # the digest a rank sends when its own arguments were bad
+FAILED = 0  # the digest a rank sends when its own arguments were bad
 
 
 def metadata_check_enabled() -> bool:
@@ -25,7 +33,8 @@ def metadata_check_enabled() -> bool:
     return value not in ("0", "false", "no", "off")
 
 
-def _digest(fields: dict) -> int:
+def digest(fields: dict) -> int:
+    """Return a 64-bit hash of `fields`, the same in every process (never FAILED)."""
     data = repr(sorted(fields.items())).encode()
     value = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
     return value or 1
@@ -42,20 +51,23 @@ def _ranks(ranks: list) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
-def _mismatch_message(infos: list) -> str:
-    """Explain which ranks disagree on what, the rarest values first."""
-    header = describe(infos[0][0])
-    if len({describe(fields) for fields, _ in infos}) > 1:
+def mismatch_message(infos: list) -> str:
+    """Explain which ranks disagree on what, the rarest values first.
+
+    `infos` holds (rank, fields, error message or None) for every rank that submitted.
+    """
+    header = describe(infos[0][1])
+    if len({describe(fields) for _, fields, _ in infos}) > 1:
         header = "collective"
     problems = [
         f"{_ranks([r])} failed before sending: {error}"
-        for r, (_, error) in enumerate(infos)
+        for r, _, error in infos
         if error is not None
     ]
-    keys = sorted({k for fields, error in infos if error is None for k in fields})
+    keys = sorted({k for _, fields, error in infos if error is None for k in fields})
     for key in keys:
         groups: dict = {}
-        for r, (fields, error) in enumerate(infos):
+        for r, fields, error in infos:
             if error is None:
                 groups.setdefault(repr(fields.get(key)), []).append(r)
         if len(groups) > 1:
@@ -87,15 +99,20 @@ def agree(comm, fields: dict, error: Exception = None, payload: int = None):
         payloads = np.empty(comm.size, dtype=np.int64)
         comm.Allgather(np.array([payload], dtype=np.int64), payloads)
         return payloads
-    digest = _FAILED if error is not None else _digest(fields)
-    mine = np.array([digest, 0 if payload is None else payload], dtype=np.int64)
+    own = FAILED if error is not None else digest(fields)
+    mine = np.array([own, 0 if payload is None else payload], dtype=np.int64)
     everyone = np.empty((comm.size, 2), dtype=np.int64)
     comm.Allgather(mine, everyone)
     digests = everyone[:, 0]
-    if digests[0] != _FAILED and (digests == digests[0]).all():
+    if digests[0] != FAILED and (digests == digests[0]).all():
         return None if payload is None else everyone[:, 1]
     # Slow path, taken only on a mistake: gather everything and explain it.
-    infos = comm.allgather((fields, None if error is None else f"{type(error).__name__}: {error}"))
+    infos = comm.allgather((fields, error_text(error)))
     if error is not None:
         raise error
-    raise MismatchError(_mismatch_message(infos))
+    raise MismatchError(mismatch_message([(r, f, e) for r, (f, e) in enumerate(infos)]))
+
+
+def error_text(error) -> str:
+    """Return "TypeError: message" for an argument error, or None."""
+    return None if error is None else f"{type(error).__name__}: {error}"

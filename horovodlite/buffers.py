@@ -27,10 +27,21 @@ __all__ = [
 SUPPORTED_DTYPES = tuple(
     np.dtype(t)
     for t in (
-        np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.uint64, np.int64,
-        np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.bool_,
+        np.uint8,
+        np.int8,
+        np.uint16,
+        np.int16,
+        np.uint32,
+        np.int32,
+        np.uint64,
+        np.int64,
+        np.float16,
+        ml_dtypes.bfloat16,
+        np.float32,
+        np.float64,
+        np.bool_,
     )
-)  # fmt: skip
+)
 
 # MPI datatypes the MPI library can reduce itself. float16, bfloat16 and bool have none that
 # every MPI supports, so the native algorithm reduces them with a user-defined op instead.
@@ -82,8 +93,10 @@ def as_array(obj):
         import cupy  # only GPU users need CuPy
 
         # CuPy honours the producer's stream (CUDA array interface v3, DLPack `stream=`).
-        array = cupy.asarray(obj) if hasattr(obj, "__cuda_array_interface__") else (
-            cupy.from_dlpack(obj)
+        array = (
+            cupy.asarray(obj)
+            if hasattr(obj, "__cuda_array_interface__")
+            else (cupy.from_dlpack(obj))
         )
     else:
         try:

@@ -192,14 +192,23 @@ def fused_allreduce(comm, entries: list, timeline=None) -> list:
             part = buf[offset : offset + entry.array.size]
             offset += entry.array.size
             # The fusion buffer is reused, so out-of-place results need their own memory.
-            results.append(_deliver(part if entry.inplace else part.copy(), entry.array,
-                                    xp, entry.inplace))  # fmt: skip
+            results.append(
+                _deliver(part if entry.inplace else part.copy(), entry.array, xp, entry.inplace)
+            )
     return results
 
 
-def allreduce_plan(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                   process_set=global_process_set, algorithm=None, average=None,
-                   inplace=False) -> Plan:  # fmt: skip
+def allreduce_plan(
+    tensor,
+    op=None,
+    name=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    algorithm=None,
+    average=None,
+    inplace=False,
+) -> Plan:
     """Return the Plan of an all-reduce; see allreduce() for the arguments."""
     comm, _, array, xp = _prepare(tensor, process_set)
 
@@ -221,19 +230,33 @@ def allreduce_plan(tensor, op=None, name=None, prescale_factor=1.0, postscale_fa
         "prescale_factor": float(prescale_factor),
         "postscale_factor": float(postscale_factor),
         "algorithm": requested,
+        "device": "cpu" if xp is np else "cuda",
     }
     entry = None
     if error is None:
-        entry = FusionEntry(array, xp, inplace, resolved, float(prescale_factor),
-                            float(postscale_factor), requested)  # fmt: skip
+        entry = FusionEntry(
+            array, xp, inplace, resolved, float(prescale_factor), float(postscale_factor), requested
+        )
     return Plan(
-        fields, _set_id(process_set), comm, error,
-        execute=lambda comm, _: fused_allreduce(comm, [entry])[0], fusion=entry,
-    )  # fmt: skip
+        fields,
+        _set_id(process_set),
+        comm,
+        error,
+        execute=lambda comm, _: fused_allreduce(comm, [entry])[0],
+        fusion=entry,
+    )
 
 
-def allreduce(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0,
-              process_set=global_process_set, algorithm=None, average=None):  # fmt: skip
+def allreduce(
+    tensor,
+    op=None,
+    name=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    algorithm=None,
+    average=None,
+):
     """Return the reduction of `tensor` over all ranks of the process set.
 
     Args:
@@ -252,28 +275,67 @@ def allreduce(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=
         TypeError, ValueError: bad arguments on this rank (raised on every rank).
         HorovodLiteError: the ranks' arguments disagree, or another rank's were bad.
     """
-    return run_now(allreduce_plan(tensor, op, name, prescale_factor, postscale_factor,
-                                  process_set, algorithm, average))  # fmt: skip
+    return run_now(
+        allreduce_plan(
+            tensor, op, name, prescale_factor, postscale_factor, process_set, algorithm, average
+        )
+    )
 
 
-def allreduce_(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0,
-               process_set=global_process_set, algorithm=None, average=None):  # fmt: skip
+def allreduce_(
+    tensor,
+    op=None,
+    name=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    algorithm=None,
+    average=None,
+):
     """In-place allreduce(): write the result into `tensor` and return it."""
-    return run_now(allreduce_plan(tensor, op, name, prescale_factor, postscale_factor,
-                                  process_set, algorithm, average, inplace=True))  # fmt: skip
+    return run_now(
+        allreduce_plan(
+            tensor,
+            op,
+            name,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+            algorithm,
+            average,
+            inplace=True,
+        )
+    )
 
 
-def grouped_allreduce(tensors, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                      process_set=global_process_set, algorithm=None, average=None,
-                      inplace=False) -> list:  # fmt: skip
+def grouped_allreduce(
+    tensors,
+    op=None,
+    name=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    algorithm=None,
+    average=None,
+    inplace=False,
+) -> list:
     """All-reduce a list of arrays of one dtype as one fused buffer; return the results.
 
     `name` names the group; the arrays are named "<name>.0", "<name>.1", ... in errors.
     """
     prefix = name if name is not None else "grouped_allreduce"
     plans = [
-        allreduce_plan(t, op, f"{prefix}.{i}", prescale_factor, postscale_factor, process_set,
-                       algorithm, average, inplace)  # fmt: skip
+        allreduce_plan(
+            t,
+            op,
+            f"{prefix}.{i}",
+            prescale_factor,
+            postscale_factor,
+            process_set,
+            algorithm,
+            average,
+            inplace,
+        )
         for i, t in enumerate(tensors)
     ]
     if not plans:
@@ -281,10 +343,18 @@ def grouped_allreduce(tensors, op=None, name=None, prescale_factor=1.0, postscal
     error = next((p.error for p in plans if p.error is not None), None)
     if error is None and len({p.fusion.key for p in plans}) > 1:
         error = TypeError("grouped_allreduce needs arrays of one dtype and one kind of device")
-    fields = {"collective": "grouped_allreduce", "name": name,
-              "members": tuple(tuple(sorted(p.fields.items())) for p in plans)}  # fmt: skip
-    group = Plan(fields, plans[0].process_set_id, plans[0].comm, error,
-                 execute=lambda comm, _: fused_allreduce(comm, [p.fusion for p in plans]))
+    fields = {
+        "collective": "grouped_allreduce",
+        "name": name,
+        "members": tuple(tuple(sorted(p.fields.items())) for p in plans),
+    }
+    group = Plan(
+        fields,
+        plans[0].process_set_id,
+        plans[0].comm,
+        error,
+        execute=lambda comm, _: fused_allreduce(comm, [p.fusion for p in plans]),
+    )
     return run_now(group)
 
 
@@ -292,9 +362,15 @@ def grouped_allreduce(tensors, op=None, name=None, prescale_factor=1.0, postscal
 # Reduce-scatter.
 
 
-def reducescatter_plan(tensor, op=ReduceOp.AVERAGE, name=None, prescale_factor=1.0,
-                       postscale_factor=1.0, process_set=global_process_set,
-                       algorithm=None) -> Plan:  # fmt: skip
+def reducescatter_plan(
+    tensor,
+    op=ReduceOp.AVERAGE,
+    name=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    algorithm=None,
+) -> Plan:
     """Return the Plan of a reduce-scatter; see reducescatter() for the arguments."""
     comm, _, array, xp = _prepare(tensor, process_set)
 
@@ -328,8 +404,9 @@ def reducescatter_plan(tensor, op=ReduceOp.AVERAGE, name=None, prescale_factor=1
         row = int(np.prod(array.shape[1:], dtype=np.int64))
         rows = chunk_bounds(array.shape[0], comm.size)
         bounds = tuple((lo * row, hi * row) for lo, hi in rows)
-        chosen = algorithms.choose(requested, algorithms.REDUCESCATTER, buf.nbytes, buf.dtype,
-                                   module)  # fmt: skip
+        chosen = algorithms.choose(
+            requested, algorithms.REDUCESCATTER, buf.nbytes, buf.dtype, module
+        )
         _scale(module, buf, prescale_factor)
         mine = algorithms.REDUCESCATTER[chosen](comm, buf, bounds, resolved, module).copy()
         divisor = comm.size if resolved == ReduceOp.AVERAGE else 1
@@ -340,24 +417,34 @@ def reducescatter_plan(tensor, op=ReduceOp.AVERAGE, name=None, prescale_factor=1
     return Plan(fields, _set_id(process_set), comm, error, execute=execute)
 
 
-def reducescatter(tensor, op=ReduceOp.AVERAGE, name=None, prescale_factor=1.0,
-                  postscale_factor=1.0, process_set=global_process_set,
-                  algorithm=None):  # fmt: skip
+def reducescatter(
+    tensor,
+    op=ReduceOp.AVERAGE,
+    name=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    algorithm=None,
+):
     """Reduce `tensor` over the ranks and return this rank's slice of dimension 0.
 
     Rows are split as Horovod does: with n rows and k ranks, ranks 0 .. n % k - 1 get
     n // k + 1 rows and the others n // k. `algorithm` is "ring", "mpi" or None.
     """
-    return run_now(reducescatter_plan(tensor, op, name, prescale_factor, postscale_factor,
-                                      process_set, algorithm))  # fmt: skip
+    return run_now(
+        reducescatter_plan(
+            tensor, op, name, prescale_factor, postscale_factor, process_set, algorithm
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Data movement.
 
 
-def broadcast_plan(tensor, root_rank, name=None, process_set=global_process_set,
-                   inplace=False) -> Plan:  # fmt: skip
+def broadcast_plan(
+    tensor, root_rank, name=None, process_set=global_process_set, inplace=False
+) -> Plan:
     """Return the Plan of a broadcast; see broadcast() for the arguments."""
     comm, ranks, array, xp = _prepare(tensor, process_set)
 
@@ -503,8 +590,14 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 def barrier(process_set=global_process_set) -> None:
     """Wait until every rank of the process set reaches this call."""
     comm, _ = communicator(process_set)
-    run_now(Plan({"collective": "barrier"}, _set_id(process_set), comm,
-                 execute=lambda comm, _: comm.Barrier()))  # fmt: skip
+    run_now(
+        Plan(
+            {"collective": "barrier"},
+            _set_id(process_set),
+            comm,
+            execute=lambda comm, _: comm.Barrier(),
+        )
+    )
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
@@ -512,13 +605,21 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     comm, ranks = communicator(process_set)
     root, error = _checked(lambda: _root_index(root_rank, ranks))
     fields = {"collective": "broadcast_object", "name": name, "root_rank": root_rank}
-    return run_now(Plan(fields, _set_id(process_set), comm, error,
-                        execute=lambda comm, _: comm.bcast(obj, root=root)))  # fmt: skip
+    return run_now(
+        Plan(
+            fields,
+            _set_id(process_set),
+            comm,
+            error,
+            execute=lambda comm, _: comm.bcast(obj, root=root),
+        )
+    )
 
 
 def allgather_object(obj, name=None, process_set=global_process_set) -> list:
     """Return the list of every rank's picklable `obj`, in rank order."""
     comm, _ = communicator(process_set)
     fields = {"collective": "allgather_object", "name": name}
-    return run_now(Plan(fields, _set_id(process_set), comm,
-                        execute=lambda comm, _: comm.allgather(obj)))  # fmt: skip
+    return run_now(
+        Plan(fields, _set_id(process_set), comm, execute=lambda comm, _: comm.allgather(obj))
+    )

@@ -39,7 +39,7 @@ class ProcessSet:
     def ranks(self) -> list:
         """The global ranks in this set, in order."""
         if self.process_set_id is not None:
-            return list(_state.current().process_sets[self.process_set_id][0])
+            return list(_state.current().process_sets[self.process_set_id].ranks)
         if self._ranks is None:
             self._ranks = _translate(self._mpi_comm)
         return list(self._ranks)
@@ -102,8 +102,9 @@ def add_process_set(process_set) -> ProcessSet:
         group.Free()
     process_set.process_set_id = state.next_process_set_id
     state.next_process_set_id += 1
-    state.process_sets[process_set.process_set_id] = (
-        tuple(ranks), None if comm == MPI.COMM_NULL else comm
+    member = comm != MPI.COMM_NULL
+    state.process_sets[process_set.process_set_id] = _state.ProcessSetComms(
+        tuple(ranks), comm if member else None, comm.Dup() if member else None
     )
     return process_set
 
@@ -114,12 +115,14 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     if process_set.process_set_id in (None, 0):
         return False
     agree(state.comm, {"collective": "remove_process_set", "id": process_set.process_set_id})
-    ranks, comm = state.process_sets.pop(process_set.process_set_id, (None, None))
-    if comm is not None:
-        comm.Free()
-    process_set._ranks = list(ranks) if ranks is not None else process_set._ranks
+    entry = state.process_sets.pop(process_set.process_set_id, None)
+    if entry is not None and entry.comm is not None:
+        entry.comm.Free()
+        entry.engine_comm.Free()
+    if entry is not None:
+        process_set._ranks = list(entry.ranks)
     process_set.process_set_id = None
-    return ranks is not None
+    return entry is not None
 
 
 def communicator(process_set) -> tuple:
@@ -139,7 +142,7 @@ def communicator(process_set) -> tuple:
         raise ValueError(
             f"{process_set!r} is not registered: call hvd.add_process_set() on every rank first"
         )
-    ranks, comm = entry
+    ranks, comm, _ = entry
     if comm is None:
         raise ValueError(
             f"rank {state.comm.rank} is not in process set {list(ranks)}: "

@@ -6,6 +6,7 @@ single "not initialized" guard.
 
 import atexit
 import threading
+from typing import NamedTuple, Optional
 
 from mpi4py import MPI
 
@@ -28,6 +29,18 @@ __all__ = [
 ]
 
 
+class ProcessSetComms(NamedTuple):
+    """A registered process set: its global ranks and this rank's communicators on it.
+
+    `comm` carries synchronous collectives and `engine_comm` the engine's, so the two can never
+    match each other's messages. Both are None where this rank is not a member.
+    """
+
+    ranks: tuple
+    comm: Optional[MPI.Comm]
+    engine_comm: Optional[MPI.Comm]
+
+
 class State:
     """Communicators of one initialized horovodlite job.
 
@@ -42,19 +55,20 @@ class State:
         self.cross_comm = self.comm.Split(color=self.local_comm.rank, key=self.comm.rank)
         local_sizes = self.comm.allgather(self.local_comm.size)
         self.homogeneous = len(set(local_sizes)) == 1
-        # process_set_id -> (world ranks, communicator or None where this rank is not a member)
-        self.process_sets: dict = {0: (tuple(range(self.comm.size)), self.comm)}
+        self.process_sets: dict = {
+            0: ProcessSetComms(tuple(range(self.comm.size)), self.comm, self.comm.Dup())
+        }
         self.next_process_set_id = 1
-        # Resources of later layers (the engine) that shutdown() must release, newest first.
-        self.closers: list = []
+        self.engine = None  # started by init(), after this state exists
 
     def close(self) -> None:
         """Release every communicator this state created."""
-        while self.closers:
-            self.closers.pop()()
-        for _, comm in self.process_sets.values():
-            if comm is not None and comm != MPI.COMM_NULL and comm is not self.comm:
-                comm.Free()
+        if self.engine is not None:
+            self.engine.stop()
+        for entry in self.process_sets.values():
+            for comm in (entry.comm, entry.engine_comm):
+                if comm is not None and comm is not self.comm:
+                    comm.Free()
         self.process_sets.clear()
         for comm in (self.cross_comm, self.local_comm, self.comm):
             comm.Free()
@@ -84,7 +98,11 @@ def init(comm=None, process_sets=None) -> None:
     with _lock:
         if _state is not None:
             return
-        _state = State(_user_communicator(comm))
+        from .engine import Engine  # the engine builds on this module
+
+        state = State(_user_communicator(comm))
+        state.engine = Engine(state)
+        _state = state
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True

@@ -41,8 +41,9 @@ def choose(requested, table: dict, nbytes: int, dtype, xp) -> str:
     """Return the algorithm to run: `requested` if given, else by message size."""
     if requested is not None:
         if requested not in table:
-            raise ValueError(f"algorithm {requested!r} is not available here: use one of "
-                             f"{', '.join(table)}")
+            raise ValueError(
+                f"algorithm {requested!r} is not available here: use one of {', '.join(table)}"
+            )
         if requested == "mpi" and not supports(dtype, xp):
             return "ring"
         return requested

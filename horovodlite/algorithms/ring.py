@@ -67,9 +67,13 @@ def allgather_chunks(comm, buf, bounds) -> None:
         send_lo, send_hi = bounds[(r - step) % n]
         recv_lo, recv_hi = bounds[(r - step - 1) % n]
         comm.Sendrecv(
-            [buf[send_lo:send_hi], wire], right, _TAG_ALLGATHER,
-            [buf[recv_lo:recv_hi], wire], left, _TAG_ALLGATHER,
-        )  # fmt: skip
+            [buf[send_lo:send_hi], wire],
+            right,
+            _TAG_ALLGATHER,
+            [buf[recv_lo:recv_hi], wire],
+            left,
+            _TAG_ALLGATHER,
+        )
 
 
 def ring_allreduce(comm, buf, op, xp) -> None:

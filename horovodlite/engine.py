@@ -1,0 +1,483 @@
+"""The engine: asynchronous collectives, negotiated, fused and run by one background thread.
+
+User threads submit Plans (collectives.py) in any order; the engine thread owns all of the
+library's asynchronous MPI traffic. Each cycle the ranks agree which named requests every member
+rank has submitted, in one order that is the same everywhere, then run them, packing compatible
+all-reduces into one fusion buffer.
+
+Negotiation costs one small MPI_Allreduce per cycle in steady state. Requests whose name and
+metadata were agreed before (the cache) are confirmed by one byte each in that all-reduce; only
+when some rank holds a request the cache does not know do the ranks exchange full metadata
+(an allgather of every pending request), which also detects mismatches and stalls.
+"""
+
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from .agreement import FAILED, describe, digest, error_text, mismatch_message
+from .collectives import FusionEntry, fused_allreduce
+from .exceptions import HorovodLiteError, MismatchError
+from .ops import ReduceOp
+from .plan import Plan
+from .timeline import Timeline
+
+__all__ = ["Engine", "Handle", "engine_setting"]
+
+_log = logging.getLogger("horovodlite")
+
+_IDLE_SLEEP = 0.01  # seconds between cycles once every rank has been idle for a while
+_IDLE_CYCLES = 100
+_POLL = 5e-5  # seconds between tests of the pending negotiation all-reduce
+_CACHE_LIMIT = 4096  # entries; past it the cache is cleared (on every rank at once)
+
+# Positions of the flags that follow the per-request bytes and per-rank join bytes.
+_ALL_CACHED, _RUNNING, _NOT_ABORTING, _IDLE = range(4)
+
+
+def engine_setting(name: str, default, cast=float):
+    """Read HOROVODLITE_<name>, else Horovod's HOROVOD_<name>, else `default`."""
+    for prefix in ("HOROVODLITE_", "HOROVOD_"):
+        value = os.environ.get(prefix + name)
+        if value not in (None, ""):
+            return cast(value)
+    return default
+
+
+class _Request:
+    """One submitted collective on this rank, until it finishes."""
+
+    def __init__(self, plan: Plan, key: tuple, fingerprint: int):
+        self.plan, self.key, self.fingerprint = plan, key, fingerprint
+        self.submitted = time.monotonic()
+        self.agreed = None
+        self.result = self.error = None
+        self.event = threading.Event()
+
+    def finish(self, result=None, error=None) -> None:
+        self.result, self.error = result, error
+        self.event.set()
+
+
+class Handle:
+    """The pending result of an asynchronous collective: poll() it, then synchronize() it."""
+
+    def __init__(self, requests: list, grouped: bool):
+        self._requests, self._grouped = requests, grouped
+
+    def done(self) -> bool:
+        """Return whether the result is ready (synchronize() will not block)."""
+        return all(request.event.is_set() for request in self._requests)
+
+    def wait(self):
+        """Block until done; return the result or raise the collective's error."""
+        for request in self._requests:
+            request.event.wait()
+        for request in self._requests:
+            if request.error is not None:
+                raise request.error
+        results = [request.result for request in self._requests]
+        return results if self._grouped else results[0]
+
+
+class _CacheEntry:
+    def __init__(self, index: int, fingerprint: int, fields: dict, ranks: tuple):
+        self.index, self.fingerprint, self.fields, self.ranks = index, fingerprint, fields, ranks
+
+
+class Engine:
+    """The background thread that negotiates and runs asynchronous collectives."""
+
+    def __init__(self, state):
+        self.state = state
+        self.comm = state.process_sets[0].engine_comm
+        self.cycle_time = engine_setting("CYCLE_TIME", 1.0) / 1000.0
+        self.fusion_threshold = engine_setting("FUSION_THRESHOLD", 128 * 1024 * 1024, int)
+        self.stall_check = engine_setting("STALL_CHECK_TIME_SECONDS", 60.0)
+        self.stall_shutdown = engine_setting("STALL_SHUTDOWN_TIME_SECONDS", 0.0)
+        self.timeline = None
+        self._lock = threading.Lock()
+        self._wakeup = threading.Event()
+        self._incoming: list = []
+        self._in_flight: set = set()
+        self._pending: dict = {}  # key -> _Request waiting for agreement
+        self._cache: dict = {}  # key -> _CacheEntry, the same on every rank
+        self._cache_keys: list = []  # index -> key
+        self._auto_names: dict = {}
+        self._stop_requested = False
+        self._stopped = None  # the error that stopped the engine
+        self._joined = False
+        self._join_done = threading.Event()
+        self._join_result = None
+        self._joined_before: set = set()
+        self._last_stall_report = 0.0
+        self._first_seen: dict = {}  # key -> when a full exchange first showed it incomplete
+        self.cycles = 0
+        timeline_path = engine_setting("TIMELINE", None, str)
+        if timeline_path and self.comm.rank == 0:
+            self.timeline = Timeline(timeline_path, engine_setting("TIMELINE_MARK_CYCLES", 0, int))
+        self._thread = threading.Thread(target=self._run, name="horovodlite-engine", daemon=True)
+        self._thread.start()
+
+    # -- user side ------------------------------------------------------------------------------
+
+    def submit(self, plans: list, grouped: bool = False) -> Handle:
+        """Queue `plans` for the engine thread; return their Handle.
+
+        Raises:
+            ValueError: a request of the same name is already in flight on this rank.
+            HorovodLiteError: the engine has stopped.
+        """
+        requests = []
+        with self._lock:
+            if self._stopped is not None:
+                raise self._stopped
+            for plan in plans:
+                if plan.name is None:
+                    count = self._auto_names.get(plan.kind, 0)
+                    self._auto_names[plan.kind] = count + 1
+                    plan.fields["name"] = f"{plan.kind}.noname.{count}"
+                key = (plan.process_set_id, plan.name)
+                if key in self._in_flight or any(r.key == key for r in requests):
+                    raise ValueError(
+                        f"{describe(plan.fields)} is already in flight on this rank: "
+                        "synchronize() it first, or give each tensor its own name"
+                    )
+                fingerprint = FAILED if plan.error is not None else digest(plan.fields)
+                requests.append(_Request(plan, key, fingerprint))
+            self._in_flight.update(r.key for r in requests)
+            self._incoming.extend(requests)
+        self._wakeup.set()
+        return Handle(requests, grouped)
+
+    def join(self) -> int:
+        """Contribute zeros to other ranks' all-reduces until every rank has joined.
+
+        Returns the last rank to join, the same on every rank.
+        """
+        with self._lock:
+            if self._stopped is not None:
+                raise self._stopped
+            self._joined, self._join_result = True, None
+            self._join_done.clear()
+        self._wakeup.set()
+        self._join_done.wait()
+        if self._join_result is None:
+            raise self._stopped
+        return self._join_result
+
+    def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
+        """Write a Chrome-trace timeline to `path` (rank 0 only)."""
+        if self.comm.rank == 0:
+            self.stop_timeline()
+            self.timeline = Timeline(path, mark_cycles)
+
+    def stop_timeline(self) -> None:
+        """Finish and close the timeline file, if any."""
+        timeline, self.timeline = self.timeline, None
+        if timeline is not None:
+            timeline.close()
+
+    def stop(self) -> None:
+        """Stop the engine on every rank; pending requests fail. Safe to call twice."""
+        with self._lock:
+            self._stop_requested = True
+        self._wakeup.set()
+        self._thread.join(timeout=30)
+        self.stop_timeline()
+
+    # -- engine thread --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        idle_cycles = 0
+        try:
+            while self._stopped is None:
+                start = time.monotonic()
+                busy = self._cycle()
+                idle_cycles = 0 if busy else idle_cycles + 1
+                delay = self.cycle_time - (time.monotonic() - start)
+                if idle_cycles > _IDLE_CYCLES:
+                    delay = _IDLE_SLEEP  # nobody has work: cycle slowly
+                if delay > 0 and self._stopped is None:
+                    self._wakeup.wait(delay)
+                self._wakeup.clear()
+        except Exception as exc:  # a bug or an MPI failure: fail loudly, never hang users
+            _log.exception("horovodlite engine failed")
+            self._stop_all(HorovodLiteError(f"the horovodlite engine failed: {exc!r}"))
+
+    def _negotiate(self, vector: np.ndarray) -> np.ndarray:
+        """MIN-all-reduce `vector`, sleeping while other ranks are still on their way."""
+        out = np.empty_like(vector)
+        request = self.comm.Iallreduce(vector, out, op=MPI.MIN)
+        start = warned = time.monotonic()
+        while not request.Test():
+            time.sleep(_POLL)
+            now = time.monotonic()
+            if now - warned > self.stall_check:
+                warned = now
+                _log.warning(
+                    "horovodlite: rank %d has waited %.0f s for the other ranks' engines: a rank "
+                    "may be stuck outside horovodlite, or have exited",
+                    self.comm.rank,
+                    now - start,
+                )
+        return out
+
+    def _cycle(self) -> bool:
+        """Run one negotiation cycle; return whether any rank had work."""
+        with self._lock:
+            incoming, self._incoming = self._incoming, []
+            stopping, joined = self._stop_requested, self._joined
+        for request in incoming:
+            self._pending[request.key] = request
+        size, me, now = self.comm.size, self.comm.rank, time.monotonic()
+        self.cycles += 1
+
+        count = len(self._cache_keys)
+        mine = np.zeros(count, dtype=np.uint8)  # 2: I have it, 1: not mine to send, 0: waiting
+        all_cached = True
+        for i, key in enumerate(self._cache_keys):
+            request, entry = self._pending.get(key), self._cache[key]
+            if request is not None:
+                if request.fingerprint == entry.fingerprint:
+                    mine[i] = 2
+                else:
+                    all_cached = False
+            elif joined or me not in entry.ranks:
+                mine[i] = 1
+        all_cached = all_cached and all(key in self._cache for key in self._pending)
+        oldest = min((r.submitted for r in self._pending.values()), default=now)
+        if now - oldest > self.stall_check and now - self._last_stall_report > self.stall_check:
+            all_cached = False  # a full exchange tells who is missing
+        aborting = self.stall_shutdown > 0 and now - oldest > self.stall_shutdown
+        not_joined = np.full(size, 1, dtype=np.uint8)
+        not_joined[me] = 0 if joined else 1
+        flags = np.array(
+            [all_cached, not stopping, not aborting, not (self._pending or joined)], dtype=np.uint8
+        )
+        agreed = self._negotiate(np.concatenate([mine, 2 - mine, not_joined, flags]))
+        lowest, highest = agreed[:count], 2 - agreed[count : 2 * count]
+        joined_ranks = {r for r in range(size) if agreed[2 * count + r] == 0}
+        flags = agreed[2 * count + size :]
+        if self.timeline is not None and not flags[_IDLE]:
+            self.timeline.cycle()
+
+        if not flags[_NOT_ABORTING]:
+            names = sorted(str(key[1]) for key in self._pending)
+            self._stop_all(
+                HorovodLiteError(
+                    f"horovodlite stopped: a collective stalled for over "
+                    f"{self.stall_shutdown:.0f} s (HOROVODLITE_STALL_SHUTDOWN_TIME_SECONDS); "
+                    f"pending here: {names}"
+                )
+            )
+            return False
+        if not flags[_RUNNING]:
+            self._stop_all(
+                HorovodLiteError(
+                    "horovodlite was shut down (shutdown() was called on "
+                    "some rank) while this request was pending"
+                )
+            )
+            return False
+        if flags[_ALL_CACHED]:
+            ready = [self._cache_keys[i] for i in range(count) if lowest[i] and highest[i] == 2]
+            errors = {}
+        else:
+            ready, errors = self._exchange(joined_ranks, now)
+        self._run_ready(ready, errors, joined_ranks)
+        self._update_join(joined_ranks)
+        return not flags[_IDLE]
+
+    def _ranks_of(self, process_set_id: int):
+        entry = self.state.process_sets.get(process_set_id)
+        return None if entry is None else entry.ranks
+
+    def _exchange(self, joined_ranks: set, now: float):
+        """Exchange every pending request's metadata; return (ready keys, errors by key)."""
+        mine = [
+            (key, r.fingerprint, r.plan.fields, error_text(r.plan.error))
+            for key, r in self._pending.items()
+        ]
+        submitted: dict = {}
+        for rank, items in enumerate(self.comm.allgather(mine)):
+            for key, fingerprint, fields, error in items:
+                submitted.setdefault(key, {})[rank] = (fingerprint, fields, error)
+        if len(self._cache_keys) > _CACHE_LIMIT:
+            self._cache.clear()
+            self._cache_keys.clear()
+        ready, errors, stalled = [], {}, []
+        for key in sorted(submitted, key=repr):
+            by_rank = submitted[key]
+            ranks = self._ranks_of(key[0])
+            if ranks is None:
+                errors[key] = f"process set {key[0]} is not registered on every rank"
+                continue
+            missing = [r for r in ranks if r not in by_rank and r not in joined_ranks]
+            if missing:
+                stalled.append((key, missing, self._first_seen.setdefault(key, now)))
+                continue
+            self._first_seen.pop(key, None)
+            fingerprints = {fingerprint for fingerprint, _, _ in by_rank.values()}
+            if len(fingerprints) > 1 or FAILED in fingerprints:
+                errors[key] = mismatch_message(
+                    [(r, fields, error) for r, (_, fields, error) in sorted(by_rank.items())]
+                )
+                continue
+            fingerprint, fields, _ = next(iter(by_rank.values()))
+            entry = self._cache.get(key)
+            if entry is None:
+                self._cache[key] = _CacheEntry(len(self._cache_keys), fingerprint, fields, ranks)
+                self._cache_keys.append(key)
+            else:
+                entry.fingerprint, entry.fields = fingerprint, fields
+            ready.append(key)
+        self._report_stalls(stalled, now)
+        ready.sort(key=lambda k: self._cache[k].index)
+        return ready, errors
+
+    def _report_stalls(self, stalled: list, now: float) -> None:
+        late = [(key, missing) for key, missing, since in stalled if now - since > self.stall_check]
+        if not late:
+            return
+        self._last_stall_report = now
+        if self.comm.rank == 0 or any(key in self._pending for key, _ in late):
+            lines = "; ".join(f"{key[1]!r} is missing ranks {missing}" for key, missing in late)
+            _log.warning(
+                "horovodlite stall: for over %.0f s these collectives have been submitted by some "
+                "ranks but not others: %s. Every rank must submit the same collectives.",
+                self.stall_check,
+                lines,
+            )
+
+    def _run_ready(self, ready: list, errors: dict, joined_ranks: set) -> None:
+        """Run the agreed requests in order, fusing compatible all-reduces."""
+        for key, message in errors.items():
+            request = self._pending.pop(key, None)
+            if request is not None:
+                self._finish(request, error=request.plan.error or MismatchError(message))
+        me, now = self.comm.rank, time.monotonic()
+        batches, open_buckets = [], {}
+        for key in ready:
+            entry = self._cache[key]
+            if me not in entry.ranks:
+                continue
+            request = self._pending.pop(key, None)
+            fields = entry.fields
+            if fields["collective"] != "allreduce" and joined_ranks & set(entry.ranks):
+                if request is not None:
+                    self._finish(
+                        request,
+                        error=HorovodLiteError(
+                            f"{describe(fields)} cannot run while ranks "
+                            f"{sorted(joined_ranks)} have joined: only allreduce takes part "
+                            "in join()"
+                        ),
+                    )
+                continue
+            if request is None:  # this rank has joined: it contributes zeros
+                request = _Request(_zeros_plan(fields, key[0]), key, entry.fingerprint)
+            request.agreed = now
+            if request.plan.fusion is None or self.fusion_threshold <= 0:
+                batches.append([request])
+                continue
+            bucket_key = (
+                key[0],
+                fields["dtype"],
+                fields["op"],
+                fields["prescale_factor"],
+                fields["postscale_factor"],
+                fields["algorithm"],
+                fields["device"],
+            )
+            nbytes = request.plan.fusion.array.nbytes
+            bucket = open_buckets.get(bucket_key)
+            if bucket is None or bucket[0] + nbytes > self.fusion_threshold:
+                bucket = open_buckets[bucket_key] = [0, []]
+                batches.append(bucket[1])
+            bucket[0] += nbytes
+            bucket[1].append(request)
+        for batch in batches:
+            self._run_batch(batch)
+
+    def _run_batch(self, batch: list) -> None:
+        comm = self.state.process_sets[batch[0].key[0]].engine_comm
+        timeline = self.timeline
+        names = [str(request.key[1]) for request in batch]
+        start = time.monotonic()
+        if timeline is not None:
+            for request in batch:
+                timeline.span(str(request.key[1]), "NEGOTIATE", request.submitted, request.agreed)
+                timeline.span(str(request.key[1]), "QUEUE", request.agreed, start)
+        try:
+            plan = batch[0].plan
+            if plan.fusion is not None:
+                phase = None if timeline is None else (lambda p: timeline.phase(names, p))
+                results = fused_allreduce(comm, [r.plan.fusion for r in batch], phase)
+            else:
+                payloads = None
+                if plan.payload is not None:
+                    payloads = np.array(comm.allgather(plan.payload), dtype=np.int64)
+                if timeline is None:
+                    results = [plan.execute(comm, payloads)]
+                else:
+                    with timeline.phase(names, plan.kind.upper()):
+                        results = [plan.execute(comm, payloads)]
+        except Exception as exc:
+            error = HorovodLiteError(f"{describe(batch[0].plan.fields)} failed: {exc!r}")
+            for request in batch:
+                self._finish(request, error=error)
+            return
+        for request, result in zip(batch, results):
+            self._finish(request, result)
+
+    def _finish(self, request: _Request, result=None, error=None) -> None:
+        with self._lock:
+            self._in_flight.discard(request.key)
+        request.finish(result, error)
+
+    def _update_join(self, joined_ranks: set) -> None:
+        if len(joined_ranks) < self.comm.size:
+            self._joined_before = joined_ranks
+            return
+        last = max(joined_ranks - self._joined_before or joined_ranks)
+        self._joined_before = set()
+        with self._lock:
+            self._joined, self._join_result = False, last
+        self._join_done.set()
+
+    def _stop_all(self, error: Exception) -> None:
+        with self._lock:
+            self._stopped = error
+            requests = list(self._pending.values()) + self._incoming
+            self._pending, self._incoming = {}, []
+        for request in requests:
+            self._finish(request, error=error)
+        self._join_done.set()
+
+
+def _zeros_plan(fields: dict, process_set_id: int) -> Plan:
+    """Return the all-reduce a joined rank runs in place of one it never submitted."""
+    from .buffers import SUPPORTED_DTYPES
+
+    dtype = next(d for d in SUPPORTED_DTYPES if str(d) == fields["dtype"])
+    if fields["device"] == "cpu":
+        zeros, xp = np.zeros(fields["shape"], dtype=dtype), np
+    else:
+        import cupy as xp
+
+        zeros = xp.zeros(fields["shape"], dtype=dtype)
+    entry = FusionEntry(
+        zeros,
+        xp,
+        False,
+        ReduceOp[fields["op"]],
+        fields["prescale_factor"],
+        fields["postscale_factor"],
+        fields["algorithm"],
+    )
+    return Plan(dict(fields), process_set_id, None, fusion=entry)
