@@ -1,0 +1,111 @@
+"""Broadcasting model and optimizer state, and Python objects."""
+
+import horovodlite as core
+import torch
+from horovodlite.process_sets import global_process_set
+
+from .mpi_ops import broadcast_async_, synchronize
+
+__all__ = [
+    "broadcast_parameters",
+    "broadcast_variables",
+    "broadcast_optimizer_state",
+    "broadcast_object",
+    "allgather_object",
+]
+
+
+def _named_tensors(params) -> list:
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    else:
+        items = list(params)
+        if items and not isinstance(items[0], tuple):
+            items = [(f"tensor.{i}", t) for i, t in enumerate(items)]
+    for name, tensor in items:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(
+                f"cannot broadcast {name!r}: expected a tensor, got {type(tensor).__name__}"
+            )
+    return items
+
+
+def broadcast_parameters(params, root_rank, process_set=global_process_set) -> None:
+    """Overwrite every tensor in `params` with `root_rank`'s, in place.
+
+    Args:
+        params: a state_dict, a list of (name, tensor) pairs (model.named_parameters()), or a
+            list of tensors.
+    """
+    handles = [
+        broadcast_async_(tensor, root_rank, name=f"broadcast.{name}", process_set=process_set)
+        for name, tensor in _named_tensors(params)
+    ]
+    for handle in handles:
+        synchronize(handle)
+
+
+broadcast_variables = broadcast_parameters
+
+
+def _skeleton(value):
+    """Return `value` with each tensor replaced by a (shape, dtype) placeholder."""
+    if isinstance(value, torch.Tensor):
+        return ("__tensor__", tuple(value.shape), str(value.dtype).replace("torch.", ""))
+    if isinstance(value, dict):
+        return {k: _skeleton(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_skeleton(v) for v in value)
+    return value
+
+
+def _fill(skeleton, local, tensors: list, device):
+    """Rebuild a structure from `skeleton`, reusing `local`'s tensors where they fit."""
+    if isinstance(skeleton, tuple) and skeleton[:1] == ("__tensor__",):
+        _, shape, dtype = skeleton
+        dtype = getattr(torch, dtype)
+        if isinstance(local, torch.Tensor) and tuple(local.shape) == shape and local.dtype == dtype:
+            tensor = local
+        else:
+            tensor = torch.zeros(shape, dtype=dtype, device=device)
+        tensors.append(tensor)
+        return tensor
+    if isinstance(skeleton, dict):
+        local = local if isinstance(local, dict) else {}
+        return {k: _fill(v, local.get(k), tensors, device) for k, v in skeleton.items()}
+    if isinstance(skeleton, (list, tuple)):
+        local = local if isinstance(local, (list, tuple)) else [None] * len(skeleton)
+        return type(skeleton)(_fill(v, lv, tensors, device) for v, lv in zip(skeleton, local))
+    return skeleton
+
+
+def broadcast_optimizer_state(
+    optimizer, root_rank, model=None, process_set=global_process_set
+) -> None:
+    """Make `optimizer`'s whole state (tensors, step counts, hyperparameters) the root's.
+
+    Works for any torch optimizer: the structure travels as a small object, the tensors by
+    in-place broadcast. `model` is accepted for Horovod compatibility.
+    """
+    local = optimizer.state_dict()
+    skeleton = core.broadcast_object(_skeleton(local), root_rank, "optimizer_state", process_set)
+    device = next((p.device for g in optimizer.param_groups for p in g["params"]), "cpu")
+    tensors: list = []
+    state = _fill(skeleton, local, tensors, device)
+    handles = [
+        broadcast_async_(t, root_rank, name=f"optimizer_state.{i}", process_set=process_set)
+        for i, t in enumerate(tensors)
+    ]
+    for handle in handles:
+        synchronize(handle)
+    optimizer.load_state_dict(state)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """Return `root_rank`'s picklable `obj` on every rank."""
+    return core.broadcast_object(obj, root_rank, name, process_set)
+
+
+def allgather_object(obj, name=None, process_set=global_process_set) -> list:
+    """Return every rank's picklable `obj`, in rank order."""
+    return core.allgather_object(obj, name, process_set)

@@ -1,0 +1,503 @@
+"""The collectives on torch tensors: synchronous, in-place, asynchronous and grouped forms.
+
+Tensors are handed to the core as zero-copy views (tensors.py); no algorithm lives here. The
+out-of-place synchronous collectives are differentiable, each backward being the collective
+Horovod uses for it.
+"""
+
+import numpy as np
+
+import horovodlite as core
+import torch
+from horovodlite.process_sets import global_process_set
+
+from .compression import Compression
+from .tensors import TensorView
+
+__all__ = [
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "sparse_allreduce_async",
+    "allgather",
+    "allgather_async",
+    "grouped_allgather",
+    "grouped_allgather_async",
+    "broadcast",
+    "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
+    "alltoall",
+    "alltoall_async",
+    "reducescatter",
+    "reducescatter_async",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
+    "poll",
+    "synchronize",
+    "join",
+    "barrier",
+]
+
+
+class Handle:
+    """The pending result of an asynchronous collective on tensors."""
+
+    def __init__(self, core_handle, finish):
+        self._core, self._finish = core_handle, finish
+
+    def done(self) -> bool:
+        return self._core.done()
+
+    def wait(self):
+        return self._finish(self._core.wait())
+
+
+def poll(handle: Handle) -> bool:
+    """Return whether `handle`'s collective has finished."""
+    return handle.done()
+
+
+def synchronize(handle: Handle):
+    """Wait for `handle`'s collective and return its tensor (or raise its error)."""
+    return handle.wait()
+
+
+def _reduce_args(op, average, prescale_factor, postscale_factor, process_set):
+    return dict(
+        op=core.ops.resolve_op(op, average),
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
+
+
+# -- all-reduce -------------------------------------------------------------------------------
+
+
+def allreduce_async(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+) -> Handle:
+    """Start an all-reduce of `tensor` into a new tensor; return a Handle."""
+    view = TensorView(tensor)
+    args = _reduce_args(op, average, prescale_factor, postscale_factor, process_set)
+    return Handle(core.allreduce_async(view.array, name=name, **args), view.to_tensor)
+
+
+def allreduce_async_(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+) -> Handle:
+    """Start an in-place all-reduce of `tensor`; return a Handle."""
+    view = TensorView(tensor)
+    args = _reduce_args(op, average, prescale_factor, postscale_factor, process_set)
+    return Handle(core.allreduce_async_(view.array, name=name, **args), view.write_back)
+
+
+def _allreduce_now(tensor, name, args, inplace=False):
+    view = TensorView(tensor)
+    if inplace:
+        return view.write_back(core.allreduce_(view.array, name=name, **args))
+    return view.to_tensor(core.allreduce(view.array, name=name, **args))
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, args):
+        ctx.args = args
+        return _allreduce_now(tensor, name, args)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _allreduce_now(grad.contiguous(), None, ctx.args), None, None
+
+
+def allreduce(
+    tensor,
+    average=None,
+    name=None,
+    compression=Compression.none,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+) -> torch.Tensor:
+    """Return the reduction of `tensor` over the ranks (differentiable).
+
+    Args mirror horovodlite.allreduce; `compression` casts the tensor for the wire.
+    """
+    args = _reduce_args(op, average, prescale_factor, postscale_factor, process_set)
+    compressed, ctx = compression.compress(tensor)
+    return compression.decompress(_Allreduce.apply(compressed, name, args), ctx)
+
+
+def allreduce_(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+) -> torch.Tensor:
+    """All-reduce `tensor` in place and return it."""
+    args = _reduce_args(op, average, prescale_factor, postscale_factor, process_set)
+    return _allreduce_now(tensor, name, args, inplace=True)
+
+
+def grouped_allreduce_async(
+    tensors,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    inplace=False,
+) -> Handle:
+    """Start an all-reduce of every tensor in `tensors` (fused); return a Handle of the list."""
+    views = [TensorView(t) for t in tensors]
+    args = _reduce_args(op, average, prescale_factor, postscale_factor, process_set)
+    handle = core.grouped_allreduce_async(
+        [v.array for v in views], name=name, inplace=inplace, **args
+    )
+    finish = [v.write_back if inplace else v.to_tensor for v in views]
+    return Handle(handle, lambda results: [f(r) for f, r in zip(finish, results)])
+
+
+def grouped_allreduce_async_(
+    tensors,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+) -> Handle:
+    """In-place grouped_allreduce_async()."""
+    return grouped_allreduce_async(
+        tensors, average, name, op, prescale_factor, postscale_factor, process_set, inplace=True
+    )
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, args, *tensors):
+        ctx.args = args
+        views = [TensorView(t) for t in tensors]
+        results = core.grouped_allreduce([v.array for v in views], name=name, **args)
+        return tuple(v.to_tensor(r) for v, r in zip(views, results))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        views = [TensorView(g.contiguous()) for g in grads]
+        results = core.grouped_allreduce([v.array for v in views], **ctx.args)
+        return (None, None, *(v.to_tensor(r) for v, r in zip(views, results)))
+
+
+def grouped_allreduce(
+    tensors,
+    average=None,
+    name=None,
+    compression=Compression.none,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+) -> list:
+    """Return the reductions of `tensors`, all-reduced as one fused buffer (differentiable)."""
+    args = _reduce_args(op, average, prescale_factor, postscale_factor, process_set)
+    compressed = [compression.compress(t) for t in tensors]
+    results = _GroupedAllreduce.apply(name, args, *(t for t, _ in compressed))
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed)]
+
+
+def grouped_allreduce_(
+    tensors,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+) -> list:
+    """All-reduce every tensor in `tensors` in place, as one fused buffer; return them."""
+    return synchronize(
+        grouped_allreduce_async_(
+            tensors, average, name, op, prescale_factor, postscale_factor, process_set
+        )
+    )
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> Handle:
+    """Start an all-reduce of a sparse COO tensor by allgathering its indices and values."""
+    op = core.ops.resolve_op(op, None)
+    if op not in (core.Average, core.Sum):
+        raise ValueError(f"sparse all-reduce supports Average and Sum, got {op.name}")
+    sparse = tensor.coalesce()
+    indices = TensorView(sparse.indices().t().contiguous())
+    values = TensorView(sparse.values().contiguous())
+    handle = core.grouped_allgather_async(
+        [indices.array, values.array], name=name, process_set=process_set
+    )
+
+    def finish(results):
+        all_indices = indices.to_tensor(results[0]).t()
+        all_values = values.to_tensor(results[1])
+        if op == core.Average:
+            all_values = all_values / (process_set or global_process_set).size()
+        return torch.sparse_coo_tensor(all_indices, all_values, sparse.shape).coalesce()
+
+    return Handle(handle, finish)
+
+
+# -- allgather, broadcast, alltoall, reduce-scatter ------------------------------------------
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
+    """Start an allgather along dimension 0; return a Handle."""
+    view = TensorView(tensor)
+    return Handle(
+        core.allgather_async(view.array, name=name, process_set=process_set), view.to_tensor
+    )
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        ctx.rows, ctx.process_set = tensor.shape[0], process_set
+        view = TensorView(tensor)
+        return view.to_tensor(core.allgather(view.array, name=name, process_set=process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        # As Horovod: average the gradient over the ranks, keep this rank's rows.
+        reduced = _allreduce_now(
+            grad.contiguous(), None, dict(op=core.Average, process_set=ctx.process_set)
+        )
+        rows = core.allgather_object(ctx.rows, process_set=ctx.process_set)
+        me = (ctx.process_set or global_process_set).rank()
+        offset = sum(rows[:me])
+        return reduced.narrow(0, offset, rows[me]), None, None
+
+
+def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
+    """Return every rank's `tensor` concatenated along dimension 0 (differentiable)."""
+    return _Allgather.apply(tensor, name, process_set)
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
+    """Start an allgather of every tensor in `tensors`; return a Handle of the list."""
+    views = [TensorView(t) for t in tensors]
+    handle = core.grouped_allgather_async(
+        [v.array for v in views], name=name, process_set=process_set
+    )
+    return Handle(handle, lambda results: [v.to_tensor(r) for v, r in zip(views, results)])
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
+    """Return the allgather of every tensor in `tensors`."""
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
+    """Start a broadcast from `root_rank` into a new tensor; return a Handle."""
+    view = TensorView(tensor)
+    return Handle(core.broadcast_async(view.array, root_rank, name, process_set), view.to_tensor)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
+    """Start an in-place broadcast from `root_rank`; return a Handle."""
+    view = TensorView(tensor)
+    return Handle(core.broadcast_async_(view.array, root_rank, name, process_set), view.write_back)
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        view = TensorView(tensor)
+        return view.to_tensor(core.broadcast(view.array, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        # As Horovod: the root receives the averaged gradient, the others zero.
+        reduced = _allreduce_now(
+            grad.contiguous(), None, dict(op=core.Average, process_set=ctx.process_set)
+        )
+        if core.rank() != ctx.root_rank:
+            reduced = reduced * 0
+        return reduced, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
+    """Return `root_rank`'s `tensor` on every rank (differentiable)."""
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
+    """Overwrite `tensor` with `root_rank`'s, in place; return it."""
+    view = TensorView(tensor)
+    return view.write_back(core.broadcast_(view.array, root_rank, name, process_set))
+
+
+def _splits_array(splits):
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        return splits.detach().cpu().numpy()
+    return np.asarray(splits)
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
+    """Start an alltoall; synchronize() returns the output, or (output, received_splits)."""
+    view = TensorView(tensor)
+    handle = core.alltoall_async(view.array, _splits_array(splits), name, process_set)
+
+    def finish(result):
+        if splits is None:
+            return view.to_tensor(result)
+        return view.to_tensor(result[0]), torch.from_numpy(result[1])
+
+    return Handle(handle, finish)
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        view = TensorView(tensor)
+        size = (process_set or global_process_set).size()
+        send = _splits_array(splits)
+        if send is None and tensor.dim() > 0 and tensor.shape[0] % size == 0:
+            send = np.full(size, tensor.shape[0] // size, dtype=np.int64)
+        # Explicit splits give back the received splits, which the backward pass needs; an
+        # indivisible tensor still goes in without them, so the core reports it on every rank.
+        out, received = core.alltoall(view.array, send, name, process_set)
+        ctx.received, ctx.process_set = received, process_set
+        return view.to_tensor(out), torch.from_numpy(received)
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        view = TensorView(grad.contiguous())
+        out, _ = core.alltoall(view.array, ctx.received, None, ctx.process_set)
+        return view.to_tensor(out), None, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Send `splits[i]` rows to rank i (differentiable).
+
+    Returns the received tensor, or `(received, received_splits)` when `splits` is given.
+    """
+    output, received = _Alltoall.apply(tensor, splits, name, process_set)
+    return output if splits is None else (output, received)
+
+
+def reducescatter_async(
+    tensor,
+    name=None,
+    op=core.Average,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+) -> Handle:
+    """Start a reduce-scatter along dimension 0; return a Handle."""
+    view = TensorView(tensor)
+    handle = core.reducescatter_async(
+        view.array, op, name, prescale_factor, postscale_factor, process_set
+    )
+    return Handle(handle, view.to_tensor)
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        ctx.op, ctx.process_set = op, process_set
+        view = TensorView(tensor)
+        return view.to_tensor(
+            core.reducescatter(view.array, op, name, prescale_factor, postscale_factor, process_set)
+        )
+
+    @staticmethod
+    def backward(ctx, grad):
+        gathered = allgather(grad.contiguous(), process_set=ctx.process_set)
+        if core.ops.resolve_op(ctx.op, None) == core.Average:
+            gathered = gathered / (ctx.process_set or global_process_set).size()
+        return gathered, None, None, None, None, None
+
+
+def reducescatter(
+    tensor,
+    name=None,
+    compression=Compression.none,
+    op=core.Average,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+) -> torch.Tensor:
+    """Reduce `tensor` over the ranks; return this rank's rows of dimension 0 (differentiable)."""
+    compressed, ctx = compression.compress(tensor)
+    result = _Reducescatter.apply(
+        compressed, name, op, process_set, prescale_factor, postscale_factor
+    )
+    return compression.decompress(result, ctx)
+
+
+def grouped_reducescatter_async(
+    tensors,
+    name=None,
+    op=core.Average,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+) -> Handle:
+    """Start a reduce-scatter of every tensor in `tensors`; return a Handle of the list."""
+    views = [TensorView(t) for t in tensors]
+    handle = core.grouped_reducescatter_async(
+        [v.array for v in views], op, name, prescale_factor, postscale_factor, process_set
+    )
+    return Handle(handle, lambda results: [v.to_tensor(r) for v, r in zip(views, results)])
+
+
+def grouped_reducescatter(
+    tensors,
+    name=None,
+    op=core.Average,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+) -> list:
+    """Return the reduce-scatter of every tensor in `tensors`."""
+    return synchronize(
+        grouped_reducescatter_async(
+            tensors, name, op, process_set, prescale_factor, postscale_factor
+        )
+    )
+
+
+def join(device=-1) -> int:
+    """Join: contribute zeros to all-reduces until every rank has joined; return the last rank.
+
+    `device` is accepted for Horovod compatibility; horovodlite needs no device here.
+    """
+    return core.join()
+
+
+def barrier(process_set=global_process_set) -> None:
+    """Wait until every rank of the process set reaches this call."""
+    core.barrier(process_set)

@@ -1,0 +1,67 @@
+"""Torch tensors as core arrays and back: zero-copy numpy views on the CPU, CuPy on the GPU.
+
+The core works on numpy and CuPy arrays. A CPU tensor is viewed as numpy without copying
+(bfloat16 through ml_dtypes); a CUDA tensor is viewed as CuPy through the CUDA array interface
+(which synchronizes torch's stream). Where CuPy is missing, or cannot hold the dtype (bfloat16),
+CUDA tensors are staged through host memory.
+"""
+
+import importlib.util
+
+import ml_dtypes
+import numpy as np
+
+import torch
+
+__all__ = ["TensorView"]
+
+_CUPY = importlib.util.find_spec("cupy") is not None
+
+
+class TensorView:
+    """A tensor seen as a core array, and the way back to a tensor like it."""
+
+    def __init__(self, tensor: torch.Tensor):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+        self.tensor = tensor
+        detached = tensor.detach()
+        self.staged = detached.is_cuda and (not _CUPY or detached.dtype == torch.bfloat16)
+        if detached.is_cuda and not self.staged:
+            import cupy
+
+            self.array = cupy.asarray(detached)
+        else:
+            self.array = _numpy_view(detached.cpu() if self.staged else detached)
+
+    def to_tensor(self, array) -> torch.Tensor:
+        """Return `array` (a result of the core) as a tensor on this tensor's device."""
+        if isinstance(array, np.ndarray):
+            out = _from_numpy(array)
+            return out.to(self.tensor.device) if self.tensor.device.type != "cpu" else out
+        return torch.from_dlpack(array)
+
+    def write_back(self, array) -> torch.Tensor:
+        """Finish an in-place collective: make the tensor hold `array`; return the tensor."""
+        if self.staged or not _shares(self.array, array):
+            with torch.no_grad():
+                self.tensor.copy_(self.to_tensor(array).reshape(self.tensor.shape))
+        return self.tensor
+
+
+def _shares(a, b) -> bool:
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return np.shares_memory(a, b)
+    return a is b
+
+
+def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def _from_numpy(array: np.ndarray) -> torch.Tensor:
+    if array.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
