@@ -1,0 +1,182 @@
+"""horovodlite.torch on every rank: collectives against numpy oracles, autograd, errors."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import horovodlite.torch as hvd  # noqa: E402
+
+DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64]  # fmt: skip
+
+
+def rank_values(shape, dtype, rank):
+    return (torch.arange(int(np.prod(shape))).reshape(shape) % 7 + rank).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_allreduce_every_dtype(dtype):
+    r, n = hvd.rank(), hvd.size()
+    out = hvd.allreduce(rank_values((3, 5), dtype, r), op=hvd.Sum)
+    expected = sum(rank_values((3, 5), torch.float64, k) for k in range(n))
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.to(torch.float64), expected)
+
+
+def test_allreduce_in_place_and_async_forms():
+    r, n = hvd.rank(), hvd.size()
+    t = torch.full((4,), float(r))
+    assert hvd.allreduce_(t, op=hvd.Sum) is t
+    assert t.tolist() == [n * (n - 1) / 2] * 4
+    handle = hvd.allreduce_async(torch.full((2, 2), float(r)), name="async.avg")
+    assert hvd.synchronize(handle).tolist() == [[(n - 1) / 2] * 2] * 2
+    inplace = torch.ones(3)
+    handle = hvd.allreduce_async_(inplace, name="async.inplace", op=hvd.Sum)
+    assert hvd.synchronize(handle) is inplace
+    assert inplace.tolist() == [float(n)] * 3
+    assert hvd.poll(handle)
+
+
+def test_non_contiguous_tensor():
+    r = hvd.rank()
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4) + r
+    view = base.t()
+    expected = sum((torch.arange(12.0).reshape(3, 4) + k).t() for k in range(hvd.size()))
+    torch.testing.assert_close(hvd.allreduce(view, op=hvd.Sum), expected)
+    hvd.allreduce_(view, op=hvd.Sum)
+    torch.testing.assert_close(base.t(), expected)
+
+
+def test_grouped_allreduce_forms():
+    n = hvd.size()
+    tensors = [torch.ones(3), torch.full((2, 2), 2.0)]
+    out = hvd.grouped_allreduce(tensors, op=hvd.Sum)
+    assert [o.tolist() for o in out] == [[n] * 3, [[2 * n] * 2] * 2]
+    hvd.grouped_allreduce_(tensors, op=hvd.Sum)
+    assert tensors[0].tolist() == [n] * 3
+    handle = hvd.grouped_allreduce_async([torch.ones(1), torch.ones(2)], name="g", op=hvd.Sum)
+    assert [o.tolist() for o in hvd.synchronize(handle)] == [[n], [n, n]]
+
+
+def test_allreduce_gradient_is_allreduce():
+    n = hvd.size()
+    x = torch.full((3,), float(hvd.rank()), requires_grad=True)
+    hvd.allreduce(x, op=hvd.Sum).sum().backward()
+    assert x.grad.tolist() == [float(n)] * 3
+    y = torch.ones(2, requires_grad=True)
+    hvd.allreduce(y).mul(hvd.rank() + 1.0).sum().backward()  # Average
+    assert y.grad.tolist() == pytest.approx([(n + 1) / 2] * 2)
+
+
+def test_grouped_allreduce_gradient():
+    n = hvd.size()
+    a, b = torch.ones(2, requires_grad=True), torch.ones(3, requires_grad=True)
+    outs = hvd.grouped_allreduce([a, b], op=hvd.Sum)
+    (outs[0].sum() + 2 * outs[1].sum()).backward()
+    assert a.grad.tolist() == [float(n)] * 2 and b.grad.tolist() == [2.0 * n] * 3
+
+
+def test_allgather_uneven_rows_and_gradient():
+    r, n = hvd.rank(), hvd.size()
+    x = torch.full((r + 1, 2), float(r), requires_grad=True)
+    out = hvd.allgather(x)
+    rows = [k for k in range(n) for _ in range(k + 1)]
+    assert out[:, 0].tolist() == [float(k) for k in rows]
+    out.sum().backward()  # every rank's loss uses all rows: the averaged gradient is one
+    assert x.grad.tolist() == [[1.0, 1.0]] * (r + 1)
+    handle = hvd.grouped_allgather_async([torch.ones(1), torch.ones(r)], name="gag")
+    first, second = hvd.synchronize(handle)
+    assert first.shape[0] == n and second.shape[0] == sum(range(n))
+
+
+def test_broadcast_forms_and_gradient():
+    r, n = hvd.rank(), hvd.size()
+    root = n - 1
+    assert hvd.broadcast(torch.arange(3) * (r + 1), root).tolist() == [0, n, 2 * n]
+    t = torch.full((2,), float(r))
+    assert hvd.broadcast_(t, root) is t and t.tolist() == [float(root)] * 2
+    handle = hvd.broadcast_async(torch.full((1,), float(r)), 0, name="b.async")
+    assert hvd.synchronize(handle).tolist() == [0.0]
+    x = torch.ones(2, requires_grad=True)
+    hvd.broadcast(x, 0).sum().backward()
+    assert x.grad.tolist() == ([1.0, 1.0] if r == 0 else [0.0, 0.0])
+
+
+def test_alltoall_with_and_without_splits_and_gradient():
+    r, n = hvd.rank(), hvd.size()
+    out = hvd.alltoall(torch.arange(2 * n) + 100 * r)
+    assert out.tolist() == [100 * k + 2 * r + j for k in range(n) for j in range(2)]
+    splits = torch.tensor([r + 1 if k == (r + 1) % n else 0 for k in range(n)], dtype=torch.int32)
+    rows = int(splits.sum())
+    x = torch.full((rows, 2), float(r), requires_grad=True)
+    received, received_splits = hvd.alltoall(x, splits=splits)
+    sender = (r - 1) % n
+    assert received_splits.dtype == torch.int32
+    assert received_splits.tolist() == [sender + 1 if k == sender else 0 for k in range(n)]
+    assert received[:, 0].tolist() == [float(sender)] * (sender + 1)
+    (received * 3).sum().backward()
+    assert x.grad.tolist() == [[3.0, 3.0]] * rows
+
+
+def test_reducescatter_split_and_gradient():
+    r, n = hvd.rank(), hvd.size()
+    rows = 2 * n + 1
+    x = torch.ones(rows, 3, requires_grad=True)
+    out = hvd.reducescatter(x, op=hvd.Sum)
+    assert out.shape == (rows // n + (1 if r < rows % n else 0), 3)
+    assert out.unique().tolist() == [float(n)]
+    out.sum().backward()
+    assert x.grad.tolist() == [[1.0] * 3] * rows
+    averaged = hvd.synchronize(hvd.reducescatter_async(torch.full((n, 1), 2.0), name="rs"))
+    assert averaged.tolist() == [[2.0]]
+
+
+def test_sparse_allreduce():
+    r, n = hvd.rank(), hvd.size()
+    sparse = torch.sparse_coo_tensor([[r % 3]], [float(r + 1)], (3,))
+    out = hvd.synchronize(hvd.sparse_allreduce_async(sparse, "sparse", hvd.Sum))
+    expected = torch.zeros(3)
+    for k in range(n):
+        expected[k % 3] += k + 1
+    torch.testing.assert_close(out.to_dense(), expected)
+
+
+def test_compression_round_trip():
+    n = hvd.size()
+    x = torch.full((4,), 1.5, dtype=torch.float32)
+    for compression in (hvd.Compression.fp16, hvd.Compression.bf16):
+        out = hvd.allreduce(x, op=hvd.Sum, compression=compression)
+        assert out.dtype == torch.float32 and out.tolist() == [1.5 * n] * 4
+    ints = torch.ones(2, dtype=torch.int32)
+    assert hvd.allreduce(ints, op=hvd.Sum, compression=hvd.Compression.fp16).dtype == torch.int32
+
+
+def test_objects_and_join():
+    r, n = hvd.rank(), hvd.size()
+    assert hvd.broadcast_object({"r": r}, root_rank=0) == {"r": 0}
+    assert hvd.allgather_object(r) == list(range(n))
+    for _ in range(r):  # uneven work: rank r runs r extra all-reduces before joining
+        out = hvd.synchronize(hvd.allreduce_async(torch.ones(2), name="uneven", op=hvd.Sum))
+        assert out.tolist() == [float(sum(1 for k in range(n) if k >= _ + 1))] * 2
+    assert hvd.join() == n - 1
+
+
+def test_mismatched_shape_raises_on_every_rank():
+    r = hvd.rank()
+    if hvd.size() == 1:
+        pytest.skip("needs two ranks")
+    with pytest.raises(hvd.HorovodLiteError, match=r"rank 1 sent shape \(4,\)"):
+        hvd.allreduce(torch.ones(3 + (r == 1)), name="bad.shape")
+    handle = hvd.allreduce_async(torch.ones(2, dtype=torch.float32 if r else torch.float64),
+                                 name="bad.dtype")  # fmt: skip
+    with pytest.raises(hvd.HorovodLiteError, match="dtype"):
+        hvd.synchronize(handle)
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == hvd.size()  # still in step
+
+
+def test_bad_root_raises_on_every_rank():
+    r, n = hvd.rank(), hvd.size()
+    bad = n + 3 if r == 0 else 0
+    error = ValueError if r == 0 else hvd.HorovodLiteError
+    with pytest.raises(error, match=f"root_rank {n + 3}"):
+        hvd.broadcast(torch.ones(2), bad, name="bad.root")
