@@ -11,6 +11,7 @@ import hashlib
 import os
 
 import numpy as np
+from mpi4py import MPI
 
 from .exceptions import MismatchError
 
@@ -33,11 +34,20 @@ def metadata_check_enabled() -> bool:
     return value not in ("0", "false", "no", "off")
 
 
+_digests: dict = {}  # fields -> digest; training loops repeat the same few collectives
+
+
 def digest(fields: dict) -> int:
-    """Return a 64-bit hash of `fields`, the same in every process (never FAILED)."""
-    data = repr(sorted(fields.items())).encode()
-    value = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
-    return value or 1
+    """Return a 62-bit hash of `fields`, the same in every process (never FAILED)."""
+    key = tuple(fields.items())
+    value = _digests.get(key)
+    if value is None:
+        raw = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+        value = (int.from_bytes(raw, "little") & (2**62 - 1)) or 1
+        if len(_digests) > 65536:
+            _digests.clear()
+        _digests[key] = value
+    return value
 
 
 def describe(fields: dict) -> str:
@@ -100,12 +110,19 @@ def agree(comm, fields: dict, error: Exception = None, payload: int = None):
         comm.Allgather(np.array([payload], dtype=np.int64), payloads)
         return payloads
     own = FAILED if error is not None else digest(fields)
-    mine = np.array([own, 0 if payload is None else payload], dtype=np.int64)
-    everyone = np.empty((comm.size, 2), dtype=np.int64)
-    comm.Allgather(mine, everyone)
-    digests = everyone[:, 0]
-    if digests[0] != FAILED and (digests == digests[0]).all():
-        return None if payload is None else everyone[:, 1]
+    if payload is None:
+        # One all-reduce finds the smallest and largest digest: equal means all ranks agree.
+        extremes = np.array([own, -own], dtype=np.int64)
+        comm.Allreduce(MPI.IN_PLACE, extremes, op=MPI.MIN)
+        if extremes[0] != FAILED and extremes[0] == -extremes[1]:
+            return None
+    else:
+        mine = np.array([own, payload], dtype=np.int64)
+        everyone = np.empty((comm.size, 2), dtype=np.int64)
+        comm.Allgather(mine, everyone)
+        digests = everyone[:, 0]
+        if digests[0] != FAILED and (digests == digests[0]).all():
+            return everyone[:, 1]
     # Slow path, taken only on a mistake: gather everything and explain it.
     infos = comm.allgather((fields, error_text(error)))
     if error is not None:

@@ -15,6 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 __all__ = [
+    "DTYPE_NAMES",
     "SUPPORTED_DTYPES",
     "as_array",
     "array_module",
@@ -24,7 +25,7 @@ __all__ = [
 ]
 
 # Dtypes every collective accepts. bool is data movement plus Sum/Min/Max/Product (or/and).
-SUPPORTED_DTYPES = tuple(
+SUPPORTED_DTYPES = frozenset(
     np.dtype(t)
     for t in (
         np.uint8,
@@ -42,6 +43,9 @@ SUPPORTED_DTYPES = tuple(
         np.bool_,
     )
 )
+
+# str(dtype) costs microseconds; collectives name dtypes on every call.
+DTYPE_NAMES = {dtype: str(dtype) for dtype in SUPPORTED_DTYPES}
 
 # MPI datatypes the MPI library can reduce itself. float16, bfloat16 and bool have none that
 # every MPI supports, so the native algorithm reduces them with a user-defined op instead.
@@ -107,7 +111,7 @@ def as_array(obj):
                 f"__cuda_array_interface__ or DLPack), got {type(obj).__name__}"
             ) from exc
     if array.dtype not in SUPPORTED_DTYPES:
-        names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+        names = ", ".join(sorted(DTYPE_NAMES.values()))
         raise TypeError(f"dtype {array.dtype} is not supported: use one of {names}")
     return array
 

@@ -13,7 +13,14 @@ import numpy as np
 
 from . import algorithms
 from .algorithms.scratch import chunk_bounds, scratch
-from .buffers import array_module, as_array, cuda_aware_mpi, synchronize_device, wire_type
+from .buffers import (
+    DTYPE_NAMES,
+    array_module,
+    as_array,
+    cuda_aware_mpi,
+    synchronize_device,
+    wire_type,
+)
 from .ops import ReduceOp, resolve_op
 from .plan import Plan, run_now
 from .process_sets import communicator, global_process_set
@@ -153,7 +160,7 @@ class FusionEntry:
         self.array, self.xp, self.inplace = array, xp, inplace
         self.op, self.prescale, self.postscale, self.requested = op, prescale, postscale, requested
         # All-reduces with equal keys can share one fusion buffer and one collective.
-        self.key = (str(array.dtype), op, prescale, postscale, requested, xp.__name__)
+        self.key = (array.dtype, op, prescale, postscale, requested, xp.__name__)
 
 
 def fused_allreduce(comm, entries: list, timeline=None) -> list:
@@ -224,7 +231,7 @@ def allreduce_plan(
     fields = {
         "collective": "allreduce",
         "name": name,
-        "dtype": str(array.dtype),
+        "dtype": DTYPE_NAMES[array.dtype],
         "shape": tuple(array.shape),
         "op": getattr(resolved, "name", None),
         "prescale_factor": float(prescale_factor),
@@ -391,7 +398,7 @@ def reducescatter_plan(
     fields = {
         "collective": "reducescatter",
         "name": name,
-        "dtype": str(array.dtype),
+        "dtype": DTYPE_NAMES[array.dtype],
         "shape": tuple(array.shape),
         "op": getattr(resolved, "name", None),
         "prescale_factor": float(prescale_factor),
@@ -457,7 +464,7 @@ def broadcast_plan(
     fields = {
         "collective": "broadcast",
         "name": name,
-        "dtype": str(array.dtype),
+        "dtype": DTYPE_NAMES[array.dtype],
         "shape": tuple(array.shape),
         "root_rank": root_rank,
     }
@@ -491,7 +498,7 @@ def allgather_plan(tensor, name=None, process_set=global_process_set) -> Plan:
     fields = {
         "collective": "allgather",
         "name": name,
-        "dtype": str(array.dtype),
+        "dtype": DTYPE_NAMES[array.dtype],
         "trailing_shape": tuple(array.shape[1:]),
     }
 
@@ -551,7 +558,7 @@ def alltoall_plan(tensor, splits=None, name=None, process_set=global_process_set
     fields = {
         "collective": "alltoall",
         "name": name,
-        "dtype": str(array.dtype),
+        "dtype": DTYPE_NAMES[array.dtype],
         "trailing_shape": tuple(array.shape[1:]),
         "splits_given": splits is not None,
     }

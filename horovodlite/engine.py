@@ -462,9 +462,9 @@ class Engine:
 
 def _zeros_plan(fields: dict, process_set_id: int) -> Plan:
     """Return the all-reduce a joined rank runs in place of one it never submitted."""
-    from .buffers import SUPPORTED_DTYPES
+    from .buffers import DTYPE_NAMES
 
-    dtype = next(d for d in SUPPORTED_DTYPES if str(d) == fields["dtype"])
+    dtype = next(d for d, name in DTYPE_NAMES.items() if name == fields["dtype"])
     if fields["device"] == "cpu":
         zeros, xp = np.zeros(fields["shape"], dtype=dtype), np
     else:

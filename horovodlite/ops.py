@@ -46,6 +46,8 @@ def resolve_op(op, average, default: ReduceOp = ReduceOp.AVERAGE) -> ReduceOp:
         return ReduceOp.AVERAGE if average else ReduceOp.SUM
     if op is None:
         return default
+    if type(op) is ReduceOp:
+        return op
     if isinstance(op, str):
         try:
             return ReduceOp[op.upper()]

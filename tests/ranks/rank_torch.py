@@ -165,7 +165,7 @@ def test_mismatched_shape_raises_on_every_rank():
     r = hvd.rank()
     if hvd.size() == 1:
         pytest.skip("needs two ranks")
-    with pytest.raises(hvd.HorovodLiteError, match=r"rank 1 sent shape \(4,\)"):
+    with pytest.raises(hvd.HorovodLiteError, match=r"rank 1 sent (shape )?\(4,\)"):
         hvd.allreduce(torch.ones(3 + (r == 1)), name="bad.shape")
     handle = hvd.allreduce_async(torch.ones(2, dtype=torch.float32 if r else torch.float64),
                                  name="bad.dtype")  # fmt: skip

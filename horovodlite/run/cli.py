@@ -1,0 +1,220 @@
+"""`horovodlite-run`: start a horovodlite job with the installed MPI launcher.
+
+horovodlite-run -np 4 -H host1:2,host2:2 python train.py --epochs 3
+horovodlite-run -np 4 --simulated-hosts 2:100mbit python train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+
+from ..version import __version__
+from .errors import LaunchError
+from .hosts import check_reachable, check_slots, default_hosts, parse_hostfile, parse_hosts
+from .mpi_launcher import FLAVOUR_NAMES, build_command, detect_flavour, find_mpiexec, settings_env
+
+__all__ = ["build_parser", "main"]
+
+_EPILOG = """\
+settings reach every rank as environment variables:
+  --fusion-threshold-mb   HOROVODLITE_FUSION_THRESHOLD (bytes)
+  --cycle-time-ms         HOROVODLITE_CYCLE_TIME (ms)
+  --timeline-filename     HOROVODLITE_TIMELINE (absolute path)
+  --stall-check-time      HOROVODLITE_STALL_CHECK_TIME_SECONDS
+HOROVODLITE_MPIEXEC chooses the launcher (default: mpiexec beside this Python, else on PATH).
+Give launcher arguments with '=': --mpi-args="-launcher fork".
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of horovodlite-run."""
+    parser = argparse.ArgumentParser(
+        prog="horovodlite-run",
+        description="Run a horovodlite job on MPI (MPICH's Hydra or Open MPI, detected).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "-np",
+        "--num-proc",
+        type=int,
+        metavar="N",
+        help="number of processes (default: all slots of -H/--hostfile)",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "-H",
+        "--hosts",
+        metavar="HOST:SLOTS,...",
+        help="hosts and their slots, e.g. host1:2,host2:2 (default: localhost)",
+    )
+    where.add_argument(
+        "--hostfile", metavar="FILE", help="file of 'host slots=N' or 'host:N' lines"
+    )
+    where.add_argument(
+        "--simulated-hosts",
+        metavar="K[:RATE[:DELAY]]",
+        help="run on K simulated hosts (network namespaces on this machine, needs "
+        "root), links capped at RATE (e.g. 100mbit) with DELAY (e.g. 0.1ms)",
+    )
+    parser.add_argument(
+        "--mpi-args",
+        metavar="ARGS",
+        default="",
+        help="extra launcher arguments, split like a shell would (not run by one)",
+    )
+    parser.add_argument(
+        "--fusion-threshold-mb", type=float, metavar="MB", help="tensor fusion buffer size in MiB"
+    )
+    parser.add_argument(
+        "--cycle-time-ms", type=float, metavar="MS", help="engine cycle time in milliseconds"
+    )
+    parser.add_argument(
+        "--timeline-filename",
+        metavar="PATH",
+        help="write a Chrome-trace timeline of the engine to PATH",
+    )
+    parser.add_argument(
+        "--stall-check-time",
+        type=float,
+        metavar="SECONDS",
+        help="warn when a collective waits this long for some ranks",
+    )
+    parser.add_argument(
+        "--skip-host-check",
+        action="store_true",
+        help="do not check that remote hosts answer over ssh before launching",
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="print the launcher command and environment settings"
+    )
+    parser.add_argument(
+        "--check-build",
+        action="store_true",
+        help="print the version, MPI library and available frameworks, and exit",
+    )
+    parser.add_argument("--version", action="version", version=f"horovodlite {__version__}")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the program and its arguments, e.g. python train.py")  # fmt: skip
+    return parser
+
+
+def parse_simulated_hosts(text: str) -> tuple:
+    """Parse `K[:RATE[:DELAY]]` into (K, rate or None, delay or None)."""
+    parts = text.split(":")
+    if len(parts) > 3 or not parts[0].isdigit() or int(parts[0]) < 1:
+        raise ValueError(
+            f"--simulated-hosts {text!r}: expected K[:RATE[:DELAY]], e.g. 2, 2:100mbit or "
+            f"2:1gbit:0.1ms"
+        )
+    rate = parts[1] if len(parts) > 1 and parts[1] else None
+    delay = parts[2] if len(parts) > 2 and parts[2] else None
+    return int(parts[0]), rate, delay
+
+
+def execute(argv: list, env: dict) -> int:
+    """Run `argv`, passing on SIGINT and SIGTERM; return its exit status (128+N for signal N)."""
+    child = subprocess.Popen(argv, env=env)
+
+    def forward(signum, frame):
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[signum] = signal.signal(signum, forward)
+        except ValueError:  # not the main thread: signals stay as they are
+            pass
+    try:
+        returncode = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def _verbose(argv: list, settings: dict) -> None:
+    for name, value in settings.items():
+        print(f"horovodlite-run: {name}={value}", file=sys.stderr)
+    print(f"horovodlite-run: {shlex.join(argv)}", file=sys.stderr, flush=True)
+
+
+def _run_simulated(args, settings: dict, mpi_args: list) -> int:
+    from .simcluster import SimulatedCluster
+
+    count, rate, delay = parse_simulated_hosts(args.simulated_hosts)
+    if args.num_proc is None:
+        raise ValueError("--simulated-hosts needs -np: e.g. -np 4 --simulated-hosts 2")
+    if args.num_proc < 1:
+        raise ValueError(f"-np must be at least 1, got {args.num_proc}")
+    slots = math.ceil(args.num_proc / count)
+    for name, value in settings.items():
+        mpi_args = ["-genv", name, value, *mpi_args]
+    with SimulatedCluster(count, rate=rate, delay=delay) as cluster:
+        argv, env = cluster.mpiexec(args.num_proc, args.command, slots, settings, mpi_args)
+        if args.verbose:
+            print(cluster.describe(), file=sys.stderr)
+            _verbose(argv, settings)
+        return execute(argv, env)
+
+
+def _run(args, settings: dict, mpi_args: list) -> int:
+    if args.hosts is not None:
+        hosts = parse_hosts(args.hosts)
+    elif args.hostfile is not None:
+        hosts = parse_hostfile(args.hostfile)
+    else:
+        hosts = None
+    if args.num_proc is None and hosts is None:
+        raise ValueError("give -np N (and optionally -H host1:2,host2:2 or --hostfile FILE)")
+    np = args.num_proc if args.num_proc is not None else sum(h.slots for h in hosts)
+    hosts = hosts or default_hosts(np)
+    check_slots(hosts, np)
+    mpiexec = find_mpiexec()
+    flavour = detect_flavour(mpiexec)
+    if not args.skip_host_check:
+        check_reachable(hosts)
+    argv = build_command(flavour, mpiexec, np, hosts, args.command, settings, mpi_args)
+    if args.verbose:
+        print(f"horovodlite-run: launcher {mpiexec} ({FLAVOUR_NAMES[flavour]})", file=sys.stderr)
+        _verbose(argv, settings)
+    return execute(argv, {**os.environ, **settings})
+
+
+def main(argv: list | None = None) -> int:
+    """Run horovodlite-run with `argv` (default: sys.argv[1:]); return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.check_build:
+        from .check_build import build_report
+
+        print(build_report())
+        return 0
+    if not args.command:
+        parser.error("no command to run: e.g. horovodlite-run -np 2 python train.py")
+    try:
+        settings = settings_env(
+            args.fusion_threshold_mb, args.cycle_time_ms, args.timeline_filename,
+            args.stall_check_time,
+        )  # fmt: skip
+        try:
+            mpi_args = shlex.split(args.mpi_args)
+        except ValueError as exc:
+            raise ValueError(f"--mpi-args {args.mpi_args!r}: {exc}") from None
+        if args.simulated_hosts is not None:
+            return _run_simulated(args, settings, mpi_args)
+        return _run(args, settings, mpi_args)
+    except (ValueError, OSError) as exc:
+        print(f"horovodlite-run: error: {exc}", file=sys.stderr)
+        return 2
+    except LaunchError as exc:
+        print(f"horovodlite-run: error: {exc}", file=sys.stderr)
+        return 1
