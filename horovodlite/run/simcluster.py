@@ -34,7 +34,7 @@ API::
 `SimulatedCluster(hosts, rate=None, delay=None, subnet=None)`: `rate` like "100mbit", "1gbit",
 "500kbit" or bits per second; `delay` like "0.1ms", "100us" (needs sch_netem); `subnet` a
 private IPv4 network such as "10.213.5.0/24" (default: the first free /24 in 10.213.0.0/16).
-`unavailable_reason()` returns why no cluster can be built here, or None.
+`unavailable_reason()` returns why no cluster can be built here (it tries), or None.
 
 From the command line: `horovodlite-run -np 4 --simulated-hosts 2[:RATE[:DELAY]] python
 train.py` builds a cluster of 2 hosts with 2 slots each, runs the job and removes the cluster.
@@ -61,6 +61,7 @@ from .errors import LaunchError
 from .mpi_launcher import HYDRA, detect_flavour, find_mpiexec
 
 __all__ = [
+    "NETWORK_ENV",
     "PREFIX",
     "SimulatedCluster",
     "SimulatedHost",
@@ -186,14 +187,25 @@ def _tc(*args: str, namespace: str | None = None) -> None:
 
 
 def unavailable_reason() -> str | None:
-    """Return why no simulated cluster can be built here (not root, no ip/tc), or None."""
+    """Return why no simulated cluster can be built here, or None.
+
+    Checks for root and the ip and tc tools, then creates and removes a namespace and a bridge.
+    """
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         return "the simulated cluster needs root (network namespaces, veths, tc)"
     for tool in ("ip", "tc"):
         if _tool(tool) is None:
             return f"the simulated cluster needs the {tool} tool: apt-get install iproute2"
-    if not os.path.isfile("/proc/self/ns/net"):
-        return "this kernel has no network namespaces"
+    # Named like a cluster's, so that cleanup_stale() removes them if this process dies here.
+    probe = f"{PREFIX}{os.getpid():x}_0p"
+    for create, delete, what in (
+        (("netns", "add", probe), ("netns", "delete", probe), "a network namespace"),
+        (("link", "add", probe, "type", "bridge"), ("link", "delete", probe), "a bridge"),
+    ):
+        result = _ip(*create, check=False)
+        if result.returncode != 0:
+            return f"cannot create {what} here (ip {' '.join(create)}: {result.stderr.strip()})"
+        _ip(*delete, check=False)
     return None
 
 
@@ -282,7 +294,7 @@ def _used_networks() -> list:
     return used
 
 
-def _choose_subnet(hosts: int, requested) -> ipaddress.IPv4Network:
+def _choose_subnet(requested) -> ipaddress.IPv4Network:
     used = _used_networks()
     if requested is not None:
         overlap = [str(n) for n in used if n.overlaps(requested)]
@@ -322,7 +334,7 @@ class SimulatedCluster:
                 subnet = ipaddress.IPv4Network(subnet)
             except ValueError as exc:
                 raise ValueError(f"subnet {subnet!r} is not an IPv4 network: {exc}") from None
-            if not subnet.is_private:
+            if not subnet.is_private or subnet.is_loopback or subnet.is_link_local:
                 raise ValueError(f"subnet {subnet} is not private: use e.g. 10.213.5.0/24")
             if subnet.num_addresses - 2 < hosts + 1:
                 raise ValueError(f"subnet {subnet} has no room for a bridge and {hosts} hosts")
@@ -370,13 +382,14 @@ class SimulatedCluster:
         if reason is not None:
             raise LaunchError(reason)
         self._started = True
+        self.hosts, self.script_dir, self.launcher_script = [], None, None
         self._catch_sigterm()
         try:
             with open(_LOCK_PATH, "a") as lock:
                 # Choosing a subnet and claiming it must not interleave with another cluster's.
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 cleanup_stale()
-                self.subnet = _choose_subnet(self.num_hosts, self.requested_subnet)
+                self.subnet = _choose_subnet(self.requested_subnet)
                 self._create_bridge()
             for index in range(self.num_hosts):
                 self._create_host(index)

@@ -5,8 +5,9 @@ import copy
 import pytest
 
 torch = pytest.importorskip("torch")
-import horovodlite  # noqa: E402
 import horovodlite.torch as hvd  # noqa: E402
+
+import horovodlite  # noqa: E402
 
 BATCH, STEPS = 4, 3
 
