@@ -1,0 +1,187 @@
+"""DistributedOptimizer for Keras 3: an optimizer of the wrapped class that all-reduces first.
+
+The wrapper is a dynamic subclass of the optimizer's own class, so `isinstance`, `get_config`
+and saving work as before (a saved model loads without horovodlite). It hooks `apply`, which
+`apply_gradients`, `model.fit` and custom loops all go through on the tensorflow and torch
+backends. With backward_passes_per_step = n > 1 it uses Keras' own gradient accumulation
+(`gradient_accumulation_steps=n`) and all-reduces the accumulated gradients only on every n-th
+step, in `_clip_gradients`, the one method Keras calls exactly once per real update and before
+the gradients are clipped and applied.
+"""
+
+import keras
+from horovodlite.ops import ReduceOp
+from horovodlite.process_sets import global_process_set
+
+from .backend import GradientReducer
+from .compression import Compression
+
+__all__ = ["DistributedOptimizer", "load_model"]
+
+_CLASSES: dict = {}
+
+
+class _Settings:
+    def __init__(self, reduce, backward_passes_per_step: int):
+        self.reduce, self.backward_passes_per_step = reduce, backward_passes_per_step
+
+
+def _distributed_class(base: type) -> type:
+    """Return (once per class) the subclass of `base` that all-reduces gradients."""
+    if getattr(base, "_horovodlite_distributed", False):
+        return base
+    if base not in _CLASSES:
+        for method in ("apply", "_clip_gradients"):
+            if not callable(getattr(base, method, None)):
+                raise TypeError(
+                    f"{base.__name__} has no {method}(): horovodlite.keras needs a Keras 3 "
+                    f"optimizer (keras {keras.__version__} is installed)"
+                )
+
+        class Distributed(base):
+            _horovodlite_distributed = True
+
+            def apply(self, grads, trainable_variables=None):
+                settings = self._horovodlite
+                if settings.backward_passes_per_step == 1:
+                    grads = settings.reduce(list(grads))
+                return super().apply(grads, trainable_variables)
+
+            def _clip_gradients(self, grads):
+                settings = self._horovodlite
+                if settings.backward_passes_per_step > 1:
+                    grads = settings.reduce(list(grads))
+                return super()._clip_gradients(grads)
+
+        Distributed.__name__ = base.__name__
+        Distributed.__qualname__ = base.__qualname__
+        Distributed.__module__ = base.__module__
+        _CLASSES[base] = Distributed
+    return _CLASSES[base]
+
+
+def _settings(
+    compression,
+    sparse_as_dense,
+    gradient_predivide_factor,
+    op,
+    backward_passes_per_step,
+    average_aggregated_gradients,
+    num_groups,
+    groups,
+    process_set,
+) -> _Settings:
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int):
+        raise TypeError(
+            "backward_passes_per_step must be an int, got "
+            f"{type(backward_passes_per_step).__name__}"
+        )
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if num_groups and groups is not None:
+        raise ValueError("give num_groups or groups, not both")
+    if not isinstance(num_groups, int) or num_groups < 0:
+        raise ValueError(f"num_groups must be a non-negative int, got {num_groups!r}")
+    # Keras averages the accumulated gradients; Horovod's default is their sum.
+    postscale = 1.0
+    if backward_passes_per_step > 1 and not average_aggregated_gradients:
+        postscale = float(backward_passes_per_step)
+    reduce = GradientReducer(
+        compression, sparse_as_dense, op, gradient_predivide_factor, process_set, postscale
+    )
+    return _Settings(reduce, backward_passes_per_step)
+
+
+def DistributedOptimizer(
+    optimizer,
+    name=None,
+    device_dense="",
+    device_sparse="",
+    compression=Compression.none,
+    sparse_as_dense=False,
+    gradient_predivide_factor=1.0,
+    op=ReduceOp.AVERAGE,
+    backward_passes_per_step=1,
+    average_aggregated_gradients=False,
+    num_groups=0,
+    groups=None,
+    process_set=global_process_set,
+    scale_local_gradients=True,
+):
+    """Return a new optimizer of `optimizer`'s class whose updates use all-reduced gradients.
+
+    Args:
+        optimizer: a Keras 3 optimizer, not yet used (the new one is built from its config,
+            as Horovod does, so existing slot variables are not carried over).
+        name: a name for the new optimizer (default: the wrapped one's).
+        compression: Compression.none, .fp16 or .bf16: the dtype on the wire.
+        sparse_as_dense: all-reduce `tf.IndexedSlices` as dense tensors (tensorflow backend).
+        gradient_predivide_factor: with op=Average, divide before the sum and multiply after.
+        op: Average (default) or Sum.
+        backward_passes_per_step: all-reduce and apply every n-th call, accumulating locally in
+            between (Keras' gradient_accumulation_steps).
+        average_aggregated_gradients: with n > 1, apply the mean of the n accumulated gradients
+            rather than their sum.
+        num_groups, groups: accepted for Horovod; every gradient already travels in one fused
+            buffer per dtype.
+        device_dense, device_sparse, scale_local_gradients: accepted for Horovod; unused.
+        process_set: the ranks that average gradients.
+
+    Raises:
+        TypeError: `optimizer` is not a Keras 3 optimizer.
+        ValueError: a bad argument, or both gradient_accumulation_steps and
+            backward_passes_per_step > 1.
+        NotImplementedError: the Keras backend is neither tensorflow nor torch, or op=Adasum.
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            f"DistributedOptimizer wraps a Keras 3 optimizer, got {type(optimizer).__name__}"
+        )
+    settings = _settings(
+        compression,
+        sparse_as_dense,
+        gradient_predivide_factor,
+        op,
+        backward_passes_per_step,
+        average_aggregated_gradients,
+        num_groups,
+        groups,
+        process_set,
+    )
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    if backward_passes_per_step > 1:
+        if config.get("gradient_accumulation_steps"):
+            raise ValueError(
+                "the optimizer already accumulates gradients (gradient_accumulation_steps="
+                f"{config['gradient_accumulation_steps']}): set that or "
+                "backward_passes_per_step, not both"
+            )
+        config["gradient_accumulation_steps"] = backward_passes_per_step
+    wrapped = _distributed_class(type(optimizer)).from_config(config)
+    wrapped._horovodlite = settings
+    return wrapped
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):
+    """Load a saved Keras model and make its optimizer a DistributedOptimizer, state and all.
+
+    Args:
+        filepath: a `.keras` file written by `model.save`.
+        custom_optimizers: optimizer classes the file needs that Keras does not know.
+        custom_objects: other custom classes and functions, as for `keras.models.load_model`.
+        compression: the wire compression for the all-reduce.
+    """
+    objects = dict(custom_objects or {})
+    for cls in custom_optimizers or []:
+        objects[cls.__name__] = cls
+    model = keras.models.load_model(filepath, custom_objects=objects)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        # Re-class the loaded optimizer in place, so its restored variables stay.
+        optimizer.__class__ = _distributed_class(type(optimizer))
+        optimizer._horovodlite = _settings(
+            compression, False, 1.0, ReduceOp.AVERAGE, 1, False, 0, None, global_process_set
+        )
+    return model

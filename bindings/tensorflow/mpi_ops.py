@@ -1,0 +1,549 @@
+"""The collectives as TensorFlow ops: eagerly, inside `tf.function`, and in TF1 graphs.
+
+Every op hands numpy arrays to the core's engine and waits for the result. Eagerly it runs at
+once; in a graph it is a `tf.numpy_function` that runs when the graph does. Inside `tf.function`
+(and the graph `model.fit` compiles) TensorFlow runs stateful ops in program order, so requests
+keep the engine's submission-order names, as eager code does. In a TF1 graph, ops that do not
+depend on each other may run in any order, so each op takes a name from its place in the graph
+(the same on every rank that built the same graph) and the engine matches requests by it.
+
+Gradients are those Horovod registers: an all-reduce's is an all-reduce; an allgather's is this
+rank's rows of the averaged gradient; a broadcast's is the averaged gradient on the root and zero
+elsewhere; a reduce-scatter's is an allgather; an alltoall's is the alltoall back.
+"""
+
+import numpy as np
+
+import horovodlite as core
+import tensorflow as tf
+from horovodlite.ops import ReduceOp, resolve_op
+from horovodlite.process_sets import global_process_set
+
+from .compression import Compression
+
+__all__ = [
+    "allreduce",
+    "grouped_allreduce",
+    "allgather",
+    "grouped_allgather",
+    "broadcast",
+    "broadcast_",
+    "alltoall",
+    "reducescatter",
+    "grouped_reducescatter",
+    "join",
+    "barrier",
+    "size_op",
+    "rank_op",
+    "local_size_op",
+    "local_rank_op",
+    "process_set_included_op",
+]
+
+
+# -- running core collectives as ops --------------------------------------------------------
+
+
+def _request_name(name, kind: str):
+    """Return the engine's name for a request: the user's, submission order, or graph place."""
+    if name is not None or tf.executing_eagerly() or tf.inside_function():
+        return name
+    return tf.compat.v1.get_default_graph().unique_name(f"horovodlite_{kind}", mark_as_used=True)
+
+
+def _run_op(func, inputs: list, touts: list, shapes: list, kind: str) -> list:
+    """Return the tensors `func(*arrays)` computes: now if eager, else when the graph runs."""
+    inputs = [tf.convert_to_tensor(t) for t in inputs]
+
+    def run(*arrays):
+        outs = func(*arrays)
+        return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, touts)]
+
+    if tf.executing_eagerly():
+        outs = run(*(t.numpy() for t in inputs))
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
+    outs = tf.numpy_function(run, inputs, touts, stateful=True, name=f"Horovodlite{kind}")
+    for out, shape in zip(outs, shapes):
+        out.set_shape(shape)
+    return list(outs)
+
+
+def _differentiable(forward, backward, tensors: list) -> list:
+    """Return `forward(tensors)`, with `backward(upstream, tensors)` as its gradient."""
+    if not all(t.dtype.is_floating or t.dtype.is_complex for t in tensors):
+        return forward(tensors)
+
+    @tf.custom_gradient
+    def op(*xs):
+        ys = forward(list(xs))
+
+        def grad(*dys):
+            dys = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys)]
+            return backward(dys, list(xs))
+
+        return ys, grad
+
+    return list(op(*tensors))
+
+
+def _rows_shape(tensor) -> tf.TensorShape:
+    """Return the static shape of a result whose dimension 0 is known only at run time."""
+    shape = tensor.shape
+    return tf.TensorShape([None]) + shape[1:] if shape.rank else tf.TensorShape(None)
+
+
+def _set_size(process_set) -> int:
+    return (process_set or global_process_set).size()
+
+
+def _wait_all(handles: list) -> list:
+    return [core.synchronize(handle) for handle in handles]
+
+
+# -- all-reduce -----------------------------------------------------------------------------
+
+
+def _allreduce_arrays(arrays, name, op, prescale, postscale, process_set) -> list:
+    """All-reduce `arrays`, one fused group per dtype; return the results in order."""
+    groups: dict = {}
+    for i, array in enumerate(arrays):
+        groups.setdefault(array.dtype, []).append(i)
+    handles = []
+    for dtype, members in groups.items():
+        group_name = name if name is None or len(groups) == 1 else f"{name}.{dtype}"
+        handles.append(
+            core.grouped_allreduce_async(
+                [arrays[i] for i in members],
+                op=op,
+                name=group_name,
+                prescale_factor=prescale,
+                postscale_factor=postscale,
+                process_set=process_set,
+            )
+        )
+    out = [None] * len(arrays)
+    for members, results in zip(groups.values(), _wait_all(handles)):
+        for i, result in zip(members, results):
+            out[i] = result
+    return out
+
+
+def _allreduce_dense(tensors, name, op, prescale, postscale, process_set) -> list:
+    """All-reduce dense tensors (any dtypes) as one op; differentiable."""
+    if not tensors:
+        return []
+
+    def forward(xs, name=name):
+        request = _request_name(name, "allreduce")
+        return _run_op(
+            lambda *arrays: _allreduce_arrays(
+                arrays, request, op, prescale, postscale, process_set
+            ),
+            xs,
+            [x.dtype for x in xs],
+            [x.shape for x in xs],
+            "Allreduce",
+        )
+
+    def backward(dys, xs):
+        # y = post * reduce(pre * x) over ranks, so dL/dx is the same reduction of dL/dy.
+        return forward(dys, name=None)
+
+    return _differentiable(forward, backward, tensors)
+
+
+def _allreduce_sparse(slices, name, op, prescale, postscale, process_set):
+    """All-reduce `tf.IndexedSlices` as Horovod does: allgather the values and the indices."""
+    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise NotImplementedError(
+            f"tf.IndexedSlices are all-reduced by allgather, which supports Average and Sum, "
+            f"got {op.name}: pass sparse_as_dense=True or convert with tf.convert_to_tensor"
+        )
+    values, indices = grouped_allgather(
+        [slices.values, slices.indices], name=name, process_set=process_set
+    )
+    scale = prescale * postscale
+    if op == ReduceOp.AVERAGE:
+        scale /= _set_size(process_set)
+    if scale != 1.0:
+        values = values * tf.cast(scale, values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def allreduce(
+    tensor,
+    average=None,
+    device_dense="",
+    device_sparse="",
+    compression=Compression.none,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    name=None,
+    process_set=global_process_set,
+    ignore_name_scope=False,
+):
+    """Return the reduction of `tensor` over the ranks of `process_set` (differentiable).
+
+    Args:
+        tensor: a tensor, or `tf.IndexedSlices` (all-gathered: Average and Sum only).
+        average: deprecated; True is op=Average, False op=Sum.
+        device_dense, device_sparse, ignore_name_scope: accepted for Horovod; unused.
+        compression: Compression.none, .fp16 or .bf16: the dtype on the wire.
+        op: Average (default), Sum, Min, Max or Product.
+        prescale_factor, postscale_factor: multiply the input before, the result after.
+        name: the name that matches this request across ranks (default: automatic).
+        process_set: the ranks taking part.
+    """
+    reduce_op = resolve_op(op, average)
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_sparse(
+            tensor, name, reduce_op, prescale_factor, postscale_factor, process_set
+        )
+    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    (reduced,) = _allreduce_dense(
+        [compressed], name, reduce_op, prescale_factor, postscale_factor, process_set
+    )
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce(
+    tensors,
+    average=None,
+    device_dense="",
+    device_sparse="",
+    compression=Compression.none,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    name=None,
+) -> list:
+    """Return allreduce() of every tensor in `tensors`, the dense ones fused in one op.
+
+    Tensors of several dtypes are fine: each dtype travels as one fused buffer.
+    """
+    reduce_op = resolve_op(op, average)
+    tensors = list(tensors)
+    out: list = [None] * len(tensors)
+    dense, compressed = [], []
+    for i, tensor in enumerate(tensors):
+        if isinstance(tensor, tf.IndexedSlices):
+            sparse_name = None if name is None else f"{name}.sparse.{i}"
+            out[i] = _allreduce_sparse(
+                tensor, sparse_name, reduce_op, prescale_factor, postscale_factor, process_set
+            )
+        else:
+            dense.append(i)
+            compressed.append(compression.compress(tf.convert_to_tensor(tensor)))
+    reduced = _allreduce_dense(
+        [t for t, _ in compressed],
+        name,
+        reduce_op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+    )
+    for i, result, (_, ctx) in zip(dense, reduced, compressed):
+        out[i] = compression.decompress(result, ctx)
+    return out
+
+
+# -- allgather ------------------------------------------------------------------------------
+
+
+def _allgather_backward(dys, xs, process_set) -> list:
+    """Average the gradients over the ranks and keep this rank's rows of each."""
+    rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])
+    request = _request_name(None, "allgather_grad")
+    rows_request = None if request is None else f"{request}.rows"
+
+    def run(rows_here, *grads):
+        reduced = _allreduce_arrays(grads, request, ReduceOp.AVERAGE, 1.0, 1.0, process_set)
+        everyone = core.synchronize(
+            core.allgather_async(rows_here.reshape(1, -1), rows_request, process_set)
+        )
+        me = (process_set or global_process_set).rank()
+        offsets = everyone[:me].sum(axis=0)
+        return [r[o : o + n] for r, o, n in zip(reduced, offsets, everyone[me])]
+
+    return _run_op(run, [rows, *dys], [x.dtype for x in xs], [x.shape for x in xs], "AllgatherGrad")
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Return allgather() of every tensor in `tensors`, as one op (differentiable)."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    for tensor in tensors:
+        if tensor.shape.rank == 0:
+            raise ValueError("allgather works on dimension 0, but got a 0-d tensor: reshape it")
+
+    def forward(xs):
+        request = _request_name(name, "allgather")
+        return _run_op(
+            lambda *arrays: _wait_all(
+                [core.grouped_allgather_async(arrays, name=request, process_set=process_set)]
+            )[0],
+            xs,
+            [x.dtype for x in xs],
+            [_rows_shape(x) for x in xs],
+            "Allgather",
+        )
+
+    return _differentiable(
+        forward, lambda dys, xs: _allgather_backward(dys, xs, process_set), tensors
+    )
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Return every rank's `tensor` concatenated on dimension 0, in rank order.
+
+    Dimension 0 may differ between ranks; the other dimensions and the dtype must match.
+    """
+    return grouped_allgather([tensor], name=name, process_set=process_set)[0]
+
+
+# -- broadcast ------------------------------------------------------------------------------
+
+
+def _broadcast_tensors(tensors, root_rank, name, process_set) -> list:
+    def forward(xs, name=name):
+        request = _request_name(name, "broadcast")
+
+        def run(*arrays):
+            names = [None if request is None else f"{request}.{i}" for i in range(len(arrays))]
+            return _wait_all(
+                [core.broadcast_async(a, root_rank, n, process_set) for a, n in zip(arrays, names)]
+            )
+
+        return _run_op(run, xs, [x.dtype for x in xs], [x.shape for x in xs], "Broadcast")
+
+    def backward(dys, xs):
+        request = _request_name(None, "broadcast_grad")
+
+        def run(*grads):
+            reduced = _allreduce_arrays(grads, request, ReduceOp.AVERAGE, 1.0, 1.0, process_set)
+            return reduced if core.rank() == root_rank else [r * 0 for r in reduced]
+
+        return _run_op(run, dys, [x.dtype for x in xs], [x.shape for x in xs], "BroadcastGrad")
+
+    return _differentiable(forward, backward, tensors)
+
+
+def broadcast(
+    tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set
+):
+    """Return global rank `root_rank`'s `tensor` on every rank (differentiable)."""
+    return _broadcast_tensors([tf.convert_to_tensor(tensor)], root_rank, name, process_set)[0]
+
+
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Overwrite each of `variables` with `root_rank`'s value, in one op; return the variables.
+
+    In a TF1 graph this returns the assign ops, to be run.
+    """
+    variables = list(variables)
+    if not variables:
+        return []
+    values = _broadcast_tensors(
+        [tf.convert_to_tensor(v) for v in variables], root_rank, name, process_set
+    )
+    return [var.assign(value) for var, value in zip(variables, values)]
+
+
+# -- alltoall and reduce-scatter ------------------------------------------------------------
+
+
+def alltoall(
+    tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set
+):
+    """Send rows `splits[i]` of dimension 0 to rank i; return what arrives (differentiable).
+
+    Returns the received tensor, or `(received, received_splits)` (int32) when `splits` is
+    given. Without `splits` dimension 0 is split evenly and must divide by the number of ranks.
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    given = splits is not None
+    split_tensor = tf.cast(tf.reshape(splits if given else [], [-1]), tf.int64)
+
+    def exchange(array, send, request):
+        if not given:
+            # Even splits, given explicitly so the received splits come back for the gradient.
+            # An indivisible tensor goes in without splits, for the core to report on every rank.
+            size = _set_size(process_set)
+            rows = array.shape[0] if array.ndim else -1
+            send = np.full(size, rows // size, np.int64) if rows >= 0 and rows % size == 0 else None
+        return core.synchronize(core.alltoall_async(array, send, request, process_set))
+
+    received = []
+
+    def forward(xs):
+        request = _request_name(name, "alltoall")
+        out, got = _run_op(
+            lambda array, send: exchange(array, send, request),
+            [xs[0], split_tensor],
+            [xs[0].dtype, tf.int32],
+            [_rows_shape(xs[0]), tf.TensorShape([None])],
+            "Alltoall",
+        )
+        received.append(got)
+        return [out]
+
+    def backward(dys, xs):
+        request = _request_name(None, "alltoall_grad")
+        (grad,) = _run_op(
+            lambda g, back: [
+                core.synchronize(core.alltoall_async(g, back, request, process_set))[0]
+            ],
+            [dys[0], received[-1]],
+            [xs[0].dtype],
+            [xs[0].shape],
+            "AlltoallGrad",
+        )
+        return [grad]
+
+    (output,) = _differentiable(forward, backward, [tensor])
+    return (output, received[-1]) if given else output
+
+
+def grouped_reducescatter(
+    tensors,
+    device_dense="",
+    compression=Compression.none,
+    op=ReduceOp.AVERAGE,
+    name=None,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+) -> list:
+    """Return reducescatter() of every tensor in `tensors`, as one op (differentiable)."""
+    reduce_op = resolve_op(op, None)
+    compressed = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    xs = [t for t, _ in compressed]
+    if not xs:
+        return []
+    for x in xs:
+        if x.shape.rank == 0:
+            raise ValueError("reducescatter works on dimension 0, but got a 0-d tensor: reshape it")
+
+    def forward(xs):
+        request = _request_name(name, "reducescatter")
+
+        def run(*arrays):
+            return _wait_all(
+                [
+                    core.grouped_reducescatter_async(
+                        arrays, reduce_op, request, prescale_factor, postscale_factor, process_set
+                    )
+                ]
+            )[0]
+
+        return _run_op(
+            run, xs, [x.dtype for x in xs], [_rows_shape(x) for x in xs], "Reducescatter"
+        )
+
+    def backward(dys, xs):
+        gathered = grouped_allgather(dys, process_set=process_set)
+        scale = prescale_factor * postscale_factor
+        if reduce_op == ReduceOp.AVERAGE:
+            scale /= _set_size(process_set)
+        return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gathered]
+
+    results = _differentiable(forward, backward, xs)
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed)]
+
+
+def reducescatter(
+    tensor,
+    device_dense="",
+    compression=Compression.none,
+    op=ReduceOp.AVERAGE,
+    name=None,
+    process_set=global_process_set,
+    ignore_name_scope=False,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+):
+    """Reduce `tensor` over the ranks; return this rank's rows of dimension 0 (differentiable).
+
+    With n rows and k ranks, ranks 0 .. n % k - 1 get n // k + 1 rows, the others n // k.
+    """
+    return grouped_reducescatter(
+        [tensor],
+        device_dense,
+        compression,
+        op,
+        name,
+        process_set,
+        prescale_factor,
+        postscale_factor,
+    )[0]
+
+
+# -- join, barrier and the process facts as ops ---------------------------------------------
+
+
+def join():
+    """Join: contribute zeros to all-reduces until every rank has joined.
+
+    Returns the last rank to join (an int32 tensor, the same on every rank).
+    """
+    return _run_op(lambda: [core.join()], [], [tf.int32], [tf.TensorShape([])], "Join")[0]
+
+
+def barrier(process_set=global_process_set):
+    """Wait until every rank of the process set reaches this op (in a graph: runs it)."""
+    request = _request_name(None, "barrier")
+
+    def run():
+        # Through the engine, so a barrier never blocks a TF thread the other ranks' ops need.
+        core.synchronize(
+            core.allreduce_async(
+                np.zeros(1, np.int8), op=ReduceOp.SUM, name=request, process_set=process_set
+            )
+        )
+        return [True]
+
+    return _run_op(run, [], [tf.bool], [tf.TensorShape([])], "Barrier")[0]
+
+
+def _fact_op(fact, name) -> tf.Tensor:
+    with tf.name_scope(name or "horovodlite"):
+        return _run_op(lambda: [fact()], [], [tf.int32], [tf.TensorShape([])], "Fact")[0]
+
+
+def _process_set(process_set_id: int):
+    from horovodlite import state
+
+    return state.current().process_sets[process_set_id]
+
+
+def size_op(process_set_id=0, name=None):
+    """Return an op that gives the number of ranks (of the process set) when run."""
+    return _fact_op(lambda: len(_process_set(process_set_id).ranks), name)
+
+
+def rank_op(process_set_id=0, name=None):
+    """Return an op that gives this process's rank (in the process set) when run."""
+
+    def rank():
+        ranks = list(_process_set(process_set_id).ranks)
+        return ranks.index(core.rank()) if core.rank() in ranks else -1
+
+    return _fact_op(rank, name)
+
+
+def local_size_op(name=None):
+    """Return an op that gives the number of ranks on this host when run."""
+    return _fact_op(core.local_size, name)
+
+
+def local_rank_op(name=None):
+    """Return an op that gives this process's rank on its host when run."""
+    return _fact_op(core.local_rank, name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """Return an op that gives 1 if this process is in the process set, else 0, when run."""
+    return _fact_op(lambda: int(core.rank() in _process_set(process_set_id).ranks), name)

@@ -1,0 +1,421 @@
+"""horovodlite.tensorflow on every rank: collectives eagerly, in tf.function and in TF1 graphs,
+their gradients, and synchronous-SGD equivalence of DistributedGradientTape and the TF1
+DistributedOptimizer with one process on the whole batch."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+tf = pytest.importorskip("tensorflow")
+hvd = pytest.importorskip("horovodlite.tensorflow")
+
+tf1 = tf.compat.v1
+
+
+def _allgather_py(obj):
+    return hvd.allgather_object(obj)
+
+
+def _same_everywhere(array) -> bool:
+    everyone = _allgather_py(np.asarray(array))
+    return all(np.array_equal(everyone[0], a) for a in everyone)
+
+
+def _in_graph(build, feed=None):
+    """Build ops in a fresh TF1 graph and run them in a Session; return the fetched values."""
+    graph = tf.Graph()
+    with graph.as_default():
+        fetches = build()
+        with tf1.Session(graph=graph) as session:
+            session.run(tf1.global_variables_initializer())
+            return session.run(fetches, feed_dict=feed)
+
+
+MODES = ["eager", "function", "graph"]
+
+
+def _run(mode, build):
+    """Run `build()` (returning tensors) eagerly, as a tf.function, or in a TF1 graph."""
+    if mode == "eager":
+        return tf.nest.map_structure(lambda t: t.numpy(), build())
+    if mode == "function":
+        return tf.nest.map_structure(lambda t: t.numpy(), tf.function(build)())
+    return _in_graph(build)
+
+
+# -- collectives ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.int32, tf.bfloat16, tf.float16])
+def test_allreduce_sum_and_average(mode, dtype):
+    r, n = hvd.rank(), hvd.size()
+
+    def build():
+        x = tf.cast(tf.reshape(tf.range(6), [2, 3]) + r, dtype)
+        return hvd.allreduce(x, op=hvd.Sum), hvd.allreduce(x, op=hvd.Average)
+
+    total, mean = _run(mode, build)
+    base = np.arange(6).reshape(2, 3)
+    expected = n * base + n * (n - 1) // 2
+    np.testing.assert_allclose(np.asarray(total, np.float64), expected, rtol=1e-2)
+    if dtype.is_integer:
+        np.testing.assert_array_equal(mean, expected // n)
+    else:
+        np.testing.assert_allclose(np.asarray(mean, np.float64), expected / n, rtol=1e-2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_min_max_product_and_scaling(mode):
+    r, n = hvd.rank(), hvd.size()
+
+    def build():
+        x = tf.constant([1.0, 2.0]) + r
+        return (
+            hvd.allreduce(x, op=hvd.Min),
+            hvd.allreduce(x, op=hvd.Max),
+            hvd.allreduce(x, op=hvd.Product),
+            hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5),
+        )
+
+    lo, hi, prod, scaled = _run(mode, build)
+    ranks = np.arange(n)[:, None] + np.array([1.0, 2.0])
+    np.testing.assert_allclose(lo, ranks.min(0))
+    np.testing.assert_allclose(hi, ranks.max(0))
+    np.testing.assert_allclose(prod, ranks.prod(0), rtol=1e-6)
+    np.testing.assert_allclose(scaled, ranks.sum(0))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_grouped_allreduce_mixed_dtypes(mode):
+    r, n = hvd.rank(), hvd.size()
+
+    def build():
+        return hvd.grouped_allreduce(
+            [tf.fill([3], float(r)), tf.fill([2, 2], r), tf.fill([1], tf.cast(r, tf.float64))],
+            op=hvd.Sum,
+        )
+
+    a, b, c = _run(mode, build)
+    s = n * (n - 1) // 2
+    np.testing.assert_array_equal(a, np.full(3, s, np.float32))
+    np.testing.assert_array_equal(b, np.full((2, 2), s, np.int32))
+    assert c.dtype == np.float64 and c[0] == s
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allgather_uneven_rows(mode):
+    r, n = hvd.rank(), hvd.size()
+
+    def build():
+        mine = tf.fill([r + 1, 2], r)
+        return hvd.allgather(mine), hvd.grouped_allgather([mine, tf.fill([1], float(r))])
+
+    gathered, (again, floats) = _run(mode, build)
+    expected = np.concatenate([np.full((k + 1, 2), k) for k in range(n)])
+    np.testing.assert_array_equal(gathered, expected)
+    np.testing.assert_array_equal(again, expected)
+    np.testing.assert_array_equal(floats, np.arange(n, dtype=np.float32))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_broadcast_alltoall_reducescatter(mode):
+    r, n = hvd.rank(), hvd.size()
+    root = n - 1
+
+    def build():
+        b = hvd.broadcast(tf.fill([2], r), root)
+        splits = [1] * n
+        splits[0] += 1
+        out, received = hvd.alltoall(tf.fill([n + 1], r), splits=splits)
+        even = hvd.alltoall(tf.reshape(tf.range(2 * n) + 100 * r, [2 * n, 1]))
+        rs = hvd.reducescatter(tf.ones([2 * n + 1, 2]) * (r + 1), op=hvd.Sum)
+        return b, out, received, even, rs
+
+    b, out, received, even, rs = _run(mode, build)
+    np.testing.assert_array_equal(b, [root, root])
+    mine = 2 if r == 0 else 1
+    np.testing.assert_array_equal(out, np.repeat(np.arange(n), mine))
+    np.testing.assert_array_equal(received, np.full(n, mine))
+    assert received.dtype == np.int32
+    np.testing.assert_array_equal(
+        even.ravel(), [100 * k + 2 * r + j for k in range(n) for j in (0, 1)]
+    )
+    rows = 3 if r == 0 else 2  # 2n + 1 rows: rank 0 gets the extra one
+    np.testing.assert_allclose(rs, np.full((rows, 2), n * (n + 1) / 2))
+
+
+def test_fact_ops_run_in_a_graph():
+    size, rank, lsize, lrank = _in_graph(
+        lambda: (hvd.size_op(), hvd.rank_op(), hvd.local_size_op(), hvd.local_rank_op())
+    )
+    assert (size, rank, lsize, lrank) == (
+        hvd.size(),
+        hvd.rank(),
+        hvd.local_size(),
+        hvd.local_rank(),
+    )
+
+
+def test_graph_collectives_in_any_order_match_by_name():
+    # Ops that do not depend on each other may run in any order in a TF1 graph; they are
+    # matched by their place in the graph, so several in one run() must not hang or mix up.
+    r, n = hvd.rank(), hvd.size()
+
+    def build():
+        return [hvd.allreduce(tf.fill([4], float(r * 10 + i)), op=hvd.Sum) for i in range(6)]
+
+    results = _in_graph(build)
+    for i, result in enumerate(results):
+        np.testing.assert_array_equal(result, np.full(4, sum(k * 10 + i for k in range(n))))
+
+
+def test_indexed_slices_are_allgathered():
+    r, n = hvd.rank(), hvd.size()
+    slices = tf.IndexedSlices(
+        tf.fill([1, 2], float(r + 1)), tf.constant([r]), dense_shape=tf.constant([n, 2])
+    )
+    reduced = hvd.allreduce(slices)
+    assert isinstance(reduced, tf.IndexedSlices)
+    np.testing.assert_array_equal(reduced.indices.numpy(), np.arange(n))
+    np.testing.assert_allclose(reduced.values.numpy()[:, 0], (np.arange(n) + 1) / n)
+    with pytest.raises(NotImplementedError, match="Average and Sum"):
+        hvd.allreduce(slices, op=hvd.Max)
+
+
+# -- gradients ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_gradients_match_horovod(mode):
+    r, n = hvd.rank(), hvd.size()
+
+    def grads():
+        x = tf.ones([r + 1, 2]) * (r + 1)
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            weights = tf.constant([1.0, 3.0])
+            summed = tf.reduce_sum(hvd.allreduce(x[:1], op=hvd.Sum) * weights)
+            gathered = hvd.allgather(x)
+            ramp = tf.reshape(tf.range(tf.size(gathered), dtype=tf.float32), tf.shape(gathered))
+            picked = tf.reduce_sum(gathered * ramp)
+            bcast = tf.reduce_sum(hvd.broadcast(x[:1], 0) * weights)
+        return [tape.gradient(y, x) for y in (summed, picked, bcast)]
+
+    g_sum, g_gather, g_bcast = grads() if mode == "eager" else tf.function(grads)()
+    # all-reduce: the gradient is the all-reduce (Sum) of the upstream gradients
+    np.testing.assert_allclose(g_sum.numpy()[0], n * np.array([1.0, 3.0]))
+    # allgather: this rank's rows of the averaged upstream gradient
+    offset = r * (r + 1) // 2
+    ramp = np.arange(2 * (offset + r + 1)).reshape(-1, 2)[offset:]
+    np.testing.assert_allclose(g_gather.numpy(), ramp)
+    # broadcast: the averaged upstream gradient on the root, zero elsewhere
+    expected = np.array([1.0, 3.0]) if r == 0 else np.zeros(2)
+    np.testing.assert_allclose(g_bcast.numpy()[0], expected)
+
+
+def test_reducescatter_and_alltoall_gradients():
+    r, n = hvd.rank(), hvd.size()
+    x = tf.ones([2 * n, 1])
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        rs = hvd.reducescatter(x, op=hvd.Sum)
+        y_rs = tf.reduce_sum(rs) * (r + 1)
+        out = hvd.alltoall(x * tf.reshape(tf.range(2 * n, dtype=tf.float32), [-1, 1]))
+        y_a2a = tf.reduce_sum(out * (r + 1))
+    # Each rank's 2 rows of the sum come from every rank: the gradient is [1..n] gathered.
+    np.testing.assert_allclose(
+        tape.gradient(y_rs, x).numpy().ravel(), np.repeat(np.arange(n) + 1, 2)
+    )
+    # Rows 2k, 2k+1 went to rank k, whose upstream gradient is k + 1.
+    expected = np.repeat(np.arange(n) + 1, 2) * np.arange(2 * n)
+    np.testing.assert_allclose(tape.gradient(y_a2a, x).numpy().ravel(), expected)
+
+
+def test_tf1_graph_gradient_of_allreduce():
+    n = hvd.size()
+
+    def build():
+        x = tf1.placeholder(tf.float32, [2])
+        y = tf.reduce_sum(hvd.allreduce(x, op=hvd.Sum) * tf.constant([1.0, 2.0]))
+        return tf1.gradients(y, x)[0], x
+
+    graph = tf.Graph()
+    with graph.as_default():
+        grad, x = build()
+        with tf1.Session() as session:
+            value = session.run(grad, {x: [1.0, 1.0]})
+    np.testing.assert_allclose(value, n * np.array([1.0, 2.0]))
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def test_shape_mismatch_raises_on_every_rank_eagerly():
+    r = hvd.rank()
+    if hvd.size() == 1:
+        pytest.skip("needs two ranks to disagree")
+    with pytest.raises(hvd.HorovodLiteError, match="shape"):
+        hvd.allreduce(tf.zeros([2 + (r == 0)]))
+    # The engine still works afterwards.
+    assert hvd.allreduce(tf.ones([1]), op=hvd.Sum).numpy()[0] == hvd.size()
+
+
+def test_shape_mismatch_raises_on_every_rank_in_a_function():
+    r = hvd.rank()
+    if hvd.size() == 1:
+        pytest.skip("needs two ranks to disagree")
+    with pytest.raises(tf.errors.OpError, match="shape"):
+        tf.function(lambda: hvd.allreduce(tf.zeros([2 + (r == 0)])))()
+
+
+def test_bad_root_raises_on_every_rank():
+    with pytest.raises(ValueError, match="root_rank"):
+        hvd.broadcast(tf.ones([1]), hvd.size())
+
+
+# -- variables, objects, training -----------------------------------------------------------
+
+
+def test_broadcast_variables_eager_and_graph():
+    r = hvd.rank()
+    v = tf.Variable(tf.fill([3], float(r)))
+    w = tf.Variable(r, dtype=tf.int64)
+    assert hvd.broadcast_variables([v, w], root_rank=0) is None
+    np.testing.assert_array_equal(v.numpy(), np.zeros(3))
+    assert w.numpy() == 0
+    graph = tf.Graph()
+    with graph.as_default():
+        g = tf1.Variable(tf.fill([2], float(r)))
+        op = hvd.broadcast_global_variables(hvd.size() - 1)
+        with tf1.Session() as session:
+            session.run(tf1.global_variables_initializer())
+            session.run(op)
+            np.testing.assert_array_equal(session.run(g), np.full(2, hvd.size() - 1.0))
+    with pytest.raises(RuntimeError, match="broadcast_variables"):
+        hvd.broadcast_global_variables(0)
+
+
+def test_objects():
+    assert hvd.broadcast_object({"rank": hvd.rank()}, root_rank=0) == {"rank": 0}
+    assert hvd.allgather_object(hvd.rank()) == list(range(hvd.size()))
+
+
+def _data(steps, per_rank, seed=7):
+    n = hvd.size()
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(steps, n * per_rank, 5)).astype(np.float32)
+    y = rng.normal(size=(steps, n * per_rank, 1)).astype(np.float32)
+    return x, y
+
+
+def _shard(batch, per_rank):
+    r = hvd.rank()
+    return batch[r * per_rank : (r + 1) * per_rank]
+
+
+def test_distributed_gradient_tape_matches_one_process_on_the_whole_batch():
+    steps, b = 4, 3
+    x, y = _data(steps, b)
+    init = np.random.default_rng(1).normal(size=(5, 1)).astype(np.float32)
+
+    def train(distributed: bool):
+        w = tf.Variable(init)
+        bias = tf.Variable(tf.zeros([1]))
+        opt = tf.keras.optimizers.SGD(0.1, momentum=0.5)
+
+        @tf.function
+        def step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((xb @ w + bias - yb) ** 2)
+            if distributed:
+                tape = hvd.DistributedGradientTape(tape)
+            grads = tape.gradient(loss, [w, bias])
+            opt.apply_gradients(zip(grads, [w, bias]))
+
+        for s in range(steps):
+            if distributed:
+                step(_shard(x[s], b), _shard(y[s], b))
+            else:
+                step(x[s], y[s])
+        return np.concatenate([w.numpy().ravel(), bias.numpy()])
+
+    np.testing.assert_allclose(train(True), train(False), rtol=1e-5, atol=1e-6)
+
+
+def test_tf1_distributed_optimizer_matches_one_process_on_the_whole_batch():
+    steps, b = 4, 3
+    x, y = _data(steps, b, seed=11)
+    init = np.random.default_rng(2).normal(size=(5, 1)).astype(np.float32)
+
+    def train(distributed: bool):
+        graph = tf.Graph()
+        with graph.as_default():
+            xb = tf1.placeholder(tf.float32, [None, 5])
+            yb = tf1.placeholder(tf.float32, [None, 1])
+            w = tf1.Variable(init)
+            loss = tf.reduce_mean((tf.matmul(xb, w) - yb) ** 2)
+            opt = tf1.train.MomentumOptimizer(0.1, momentum=0.5)
+            if distributed:
+                opt = hvd.DistributedOptimizer(opt)
+            train_op = opt.minimize(loss)
+            with tf1.Session() as session:
+                session.run(tf1.global_variables_initializer())
+                for s in range(steps):
+                    if distributed:
+                        feed = {xb: _shard(x[s], b), yb: _shard(y[s], b)}
+                    else:
+                        feed = {xb: x[s], yb: y[s]}
+                    session.run(train_op, feed)
+                return session.run(w)
+
+    np.testing.assert_allclose(train(True), train(False), rtol=1e-5, atol=1e-6)
+
+
+class _RecordWeights(tf1.train.SessionRunHook):
+    def __init__(self, variable):
+        self.variable, self.value = variable, None
+
+    def end(self, session):
+        self.value = session.run(self.variable)
+
+
+def test_monitored_training_session_with_the_broadcast_hook():
+    # The four-step template: init, pin a device, wrap the optimizer, broadcast with a hook.
+    r = hvd.rank()
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(r)  # different initial weights on every rank
+        w = tf1.get_variable("w", [4, 1])
+        xb = tf.constant(np.ones((2, 4), np.float32) * (r + 1))
+        loss = tf.reduce_mean(tf.matmul(xb, w) ** 2)
+        global_step = tf1.train.get_or_create_global_step()
+        config = tf1.ConfigProto()
+        config.gpu_options.visible_device_list = str(hvd.local_rank())
+        opt = hvd.DistributedOptimizer(tf1.train.GradientDescentOptimizer(0.01 * hvd.size()))
+        train_op = opt.minimize(loss, global_step=global_step)
+        record = _RecordWeights(w)
+        hooks = [hvd.BroadcastGlobalVariablesHook(0), tf1.train.StopAtStepHook(last_step=3), record]
+        steps = 0
+        with tf1.train.MonitoredTrainingSession(hooks=hooks, config=config) as session:
+            while not session.should_stop():
+                session.run(train_op)
+                steps += 1
+    assert steps == 3
+    # The ranks started from rank 0's weights and applied the same averaged gradients.
+    assert _same_everywhere(record.value)
+    assert not np.allclose(record.value, 0)
+
+
+def test_distributed_optimizer_validates_before_communicating():
+    with pytest.raises(ValueError, match="backward_passes_per_step"):
+        hvd.DistributedOptimizer(
+            tf1.train.GradientDescentOptimizer(0.1), backward_passes_per_step=2
+        )
+    with pytest.raises(TypeError, match="DistributedOptimizer wraps"):
+        hvd.DistributedOptimizer(object())
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Sum, gradient_predivide_factor=2.0)
