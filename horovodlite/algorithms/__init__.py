@@ -21,9 +21,10 @@ __all__ = [
 ALLREDUCE = {"ring": ring_allreduce, "naive": naive_allreduce, "mpi": mpi_allreduce}
 REDUCESCATTER = {"ring": ring_reducescatter, "mpi": mpi_reducescatter}
 
-# Below this size latency dominates and the MPI library's own algorithm (recursive doubling in
-# C) wins; above it the ring's bandwidth optimality wins. Measured in docs/algorithms.md.
-SMALL_MESSAGE_BYTES = 64 * 1024
+# Up to this size the MPI library's own all-reduce (in C) wins: latency dominates, and on shared
+# memory MPICH beat the Python ring at 2, 3 and 4 ranks up to 1 MiB; above it the ring's bandwidth
+# optimality wins. Measured in docs/benchmarks.md (crossover).
+SMALL_MESSAGE_BYTES = 1024 * 1024
 
 
 def requested_algorithm(algorithm):

@@ -1,0 +1,276 @@
+"""Training step time: horovodlite.torch.DistributedOptimizer against torch's DDP on Gloo.
+
+`python benchmarks/torch_ddp.py --np 2,4` starts one MPI job per rank count (and one single
+process), prints a table and writes benchmarks/results/torch_ddp.json. In each job every rank
+trains the same two models (a small CNN and an MLP of 4096 x 4096 layers) with each contender,
+the contenders taking turns in short blocks so that background load hits all alike:
+
+    local         no communication: the compute part of a step at this rank count
+    hvd           DistributedOptimizer, one all-reduce per gradient from its hook, fused
+    hvd-nofusion  the same with the engine's fusion threshold at 0 (one collective per gradient)
+    hvd-after     no hooks: after backward(), one grouped_allreduce_ of every gradient
+    ddp           DistributedDataParallel on the gloo backend (TCP store on 127.0.0.1)
+
+A step is zero_grad, forward, backward and optimizer step (SGD with momentum). Each step is
+timed on every rank; the slowest rank's time counts, and the median over all blocks is kept.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+CONTENDERS = ("local", "hvd", "hvd-nofusion", "hvd-after", "ddp")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--np", default="2,4", help="rank counts, comma-separated")
+    parser.add_argument("--models", default="cnn,mlp")
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--rounds", type=int, default=8, help="blocks per contender")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per block")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before each block")
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
+    parser.add_argument("--mlp-width", type=int, default=4096)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: auto)")
+    parser.add_argument("--out", default=os.path.join(RESULTS, "torch_ddp.json"))
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+# -- the worker: one MPI job ------------------------------------------------------------------
+
+
+def build_model(kind: str, width: int):
+    from torch import nn
+
+    if kind == "cnn":  # the network of PyTorch's MNIST example: 1.2 M parameters
+        return nn.Sequential(
+            nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(9216, 128), nn.ReLU(), nn.Linear(128, 10),
+        )  # fmt: skip
+    if kind == "mlp":  # 1024 -> width -> width -> width -> 10: 37.8 M parameters at 4096
+        return nn.Sequential(
+            nn.Linear(1024, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+            nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10),
+        )  # fmt: skip
+    raise ValueError(f"unknown model {kind!r}: use cnn or mlp")
+
+
+def batch(kind: str, size: int, seed: int):
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    shape = (size, 1, 28, 28) if kind == "cnn" else (size, 1024)
+    return torch.randn(shape, generator=generator), torch.randint(
+        0, 10, (size,), generator=generator
+    )
+
+
+class Trainer:
+    """One contender's model, optimizer and step."""
+
+    def __init__(self, contender: str, kind: str, args, state: dict):
+        import horovodlite.torch as hvd
+        import torch
+
+        self.contender, self.hvd = contender, hvd
+        self.model = build_model(kind, args.mlp_width)
+        self.model.load_state_dict(state)
+        self.forward = self.model
+        if contender == "ddp":
+            self.forward = torch.nn.parallel.DistributedDataParallel(self.model)
+        optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        if contender.startswith("hvd") and contender != "hvd-after":
+            optimizer = hvd.DistributedOptimizer(
+                optimizer, named_parameters=self.model.named_parameters()
+            )
+        self.optimizer = optimizer
+        self.grads = None
+
+    def step(self, x, y) -> None:
+        import torch.nn.functional as F
+
+        self.optimizer.zero_grad()
+        F.cross_entropy(self.forward(x), y).backward()
+        if self.contender == "hvd-after":
+            if self.grads is None:
+                self.grads = [p.grad for p in self.model.parameters()]
+            self.hvd.grouped_allreduce_(self.grads, name="hvd-after.grads")
+        self.optimizer.step()
+
+
+def max_over_ranks(comm, values: list) -> list:
+    import numpy as np
+    from mpi4py import MPI
+
+    local = np.asarray(values, dtype=np.float64)
+    out = np.empty_like(local)
+    comm.Allreduce(local, out, op=MPI.MAX)
+    return out.tolist()
+
+
+def worker(args) -> None:
+    import horovodlite.torch as hvd
+    import torch
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    import horovodlite
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    threads = args.threads or max(1, (os.cpu_count() or 1) // size)
+    torch.set_num_threads(threads)
+    hvd.init()
+    engine = horovodlite.state.current().engine
+    default_threshold = engine.fusion_threshold
+    contenders = args.contenders.split(",")
+    if size == 1:
+        contenders = ["local"]
+    if "ddp" in contenders:
+        # Rank 0 opens the store on a free port and tells the others through MPI.
+        store = None
+        if rank == 0:
+            store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False)
+        port = comm.bcast(store.port if rank == 0 else None, root=0)
+        if rank != 0:
+            store = dist.TCPStore("127.0.0.1", port, size, is_master=False)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
+
+    results, checks = [], {}
+    for kind in args.models.split(","):
+        torch.manual_seed(0)
+        state = build_model(kind, args.mlp_width).state_dict()
+        trainers = {c: Trainer(c, kind, args, state) for c in contenders if c != "hvd-nofusion"}
+        if "hvd-nofusion" in contenders:
+            trainers["hvd-nofusion"] = trainers.get("hvd") or Trainer("hvd", kind, args, state)
+        x, y = batch(kind, args.batch_size, seed=rank)
+
+        # One step of each from equal weights on equal data must give equal weights: the
+        # contenders compute the same thing, so their times are comparable.
+        for name in ("hvd", "hvd-after", "ddp"):
+            if name in trainers:
+                trainers[name].step(x, y)
+        reference = trainers.get("ddp") or trainers.get("hvd-after")
+        for name in ("hvd", "hvd-after"):
+            if name in trainers and reference is not None and trainers[name] is not reference:
+                diff = max(
+                    (a - b).abs().max().item()
+                    for a, b in zip(trainers[name].model.parameters(), reference.model.parameters())
+                )
+                checks[f"{kind}:{name} vs {reference.contender}"] = max_over_ranks(comm, [diff])[0]
+
+        times = {c: [] for c in contenders}
+        for round_ in range(args.rounds):
+            shift = round_ % len(contenders)  # rotate the order so no contender is always first
+            for contender in contenders[shift:] + contenders[:shift]:
+                trainer = trainers[contender]
+                engine.fusion_threshold = 0 if contender == "hvd-nofusion" else default_threshold
+                for _ in range(args.warmup):
+                    trainer.step(x, y)
+                comm.Barrier()
+                block = []
+                for _ in range(args.steps):
+                    start = time.perf_counter()
+                    trainer.step(x, y)
+                    block.append(time.perf_counter() - start)
+                times[contender].extend(max_over_ranks(comm, block))
+        engine.fusion_threshold = default_threshold
+        params = sum(p.numel() for p in trainers[contenders[0]].model.parameters())
+        for contender, values in times.items():
+            ordered = sorted(values)
+            results.append(
+                {
+                    "np": size,
+                    "model": kind,
+                    "parameters": params,
+                    "contender": contender,
+                    "median_ms": 1e3 * statistics.median(values),
+                    "p10_ms": 1e3 * ordered[len(ordered) // 10],
+                    "p90_ms": 1e3 * ordered[(9 * len(ordered)) // 10],
+                    "steps": len(values),
+                }
+            )
+        del trainers
+    if rank == 0:
+        with open(args.worker, "w") as f:
+            json.dump({"np": size, "threads": threads, "results": results, "checks": checks}, f)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# -- the driver: one job per rank count, then the table --------------------------------------
+
+
+def mpiexec(np: int) -> list:
+    here = os.path.dirname(sys.executable)
+    launcher = os.path.join(here, "mpiexec")
+    launcher = launcher if os.path.exists(launcher) else "mpiexec"
+    version = subprocess.run([launcher, "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" in version:
+        return [launcher, "--allow-run-as-root", "--oversubscribe", "-n", str(np)]
+    return [launcher, "-n", str(np)]
+
+
+def table(results: list) -> str:
+    rows = {}
+    for r in results:
+        rows.setdefault((r["model"], r["np"]), {})[r["contender"]] = r["median_ms"]
+    header = ["model", "np", *CONTENDERS, "hvd/ddp"]
+    lines = [" | ".join(header), " | ".join("---" for _ in header)]
+    for (model, np), by in sorted(rows.items()):
+        ratio = by["hvd"] / by["ddp"] if "hvd" in by and "ddp" in by else None
+        cells = [f"{by[c]:.1f}" if c in by else "" for c in CONTENDERS]
+        lines.append(" | ".join([model, str(np), *cells, f"{ratio:.2f}" if ratio else ""]))
+    return "\n".join(f"| {line} |" for line in lines)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.worker:
+        worker(args)
+        return
+    forwarded = list(sys.argv[1:])
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    jobs, counts = [], [1] + [int(n) for n in args.np.split(",") if int(n) > 1]
+    for np in counts:
+        part = f"{args.out}.np{np}.tmp"
+        argv = mpiexec(np) + [sys.executable, "-m", "mpi4py", os.path.abspath(__file__)]
+        print(f"running {np} rank(s) ...", flush=True)
+        subprocess.run(argv + forwarded + ["--worker", part], check=True, timeout=3600)
+        with open(part) as f:
+            jobs.append(json.load(f))
+        os.remove(part)
+    import torch
+
+    report = {
+        "benchmark": "torch_ddp",
+        "command": " ".join(["python", "benchmarks/torch_ddp.py", *sys.argv[1:]]),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+        },
+        "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "out")},
+        "threads_per_rank": {job["np"]: job["threads"] for job in jobs},
+        "equivalence_checks_max_abs_diff": {
+            f"np{job['np']} {name}": diff for job in jobs for name, diff in job["checks"].items()
+        },
+        "results": [r for job in jobs for r in job["results"]],
+    }
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(table(report["results"]))
+    print(f"median step time in ms; written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
