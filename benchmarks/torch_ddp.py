@@ -92,7 +92,6 @@ class Trainer:
                 optimizer, named_parameters=self.model.named_parameters()
             )
         self.optimizer = optimizer
-        self.grads = None
 
     def step(self, x, y) -> None:
         import torch.nn.functional as F
@@ -100,9 +99,9 @@ class Trainer:
         self.optimizer.zero_grad()
         F.cross_entropy(self.forward(x), y).backward()
         if self.contender == "hvd-after":
-            if self.grads is None:
-                self.grads = [p.grad for p in self.model.parameters()]
-            self.hvd.grouped_allreduce_(self.grads, name="hvd-after.grads")
+            # zero_grad() sets gradients to None: backward() makes new tensors every step.
+            grads = [p.grad for p in self.model.parameters()]
+            self.hvd.grouped_allreduce_(grads, name="hvd-after.grads")
         self.optimizer.step()
 
 
@@ -153,10 +152,10 @@ def worker(args) -> None:
             trainers["hvd-nofusion"] = trainers.get("hvd") or Trainer("hvd", kind, args, state)
         x, y = batch(kind, args.batch_size, seed=rank)
 
-        # One step of each from equal weights on equal data must give equal weights: the
+        # Two steps of each from equal weights on equal data must give equal weights: the
         # contenders compute the same thing, so their times are comparable.
         for name in ("hvd", "hvd-after", "ddp"):
-            if name in trainers:
+            for _ in range(2 if name in trainers else 0):
                 trainers[name].step(x, y)
         reference = trainers.get("ddp") or trainers.get("hvd-after")
         for name in ("hvd", "hvd-after"):

@@ -13,7 +13,8 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from .exceptions import MismatchError
+from .exceptions import MismatchError, NotInitializedError
+from .state import current
 
 __all__ = [
     "FAILED",
@@ -68,7 +69,10 @@ def mismatch_message(infos: list) -> str:
     """
     header = describe(infos[0][1])
     if len({describe(fields) for _, fields, _ in infos}) > 1:
-        header = "collective"
+        names = {fields.get("name") for _, fields, _ in infos}
+        # The engine matches requests by name: keep it when only the kind of collective differs.
+        single = len(names) == 1 and None not in names
+        header = f"collective {names.pop()!r}" if single else "collective"
     problems = [
         f"{_ranks([r])} failed before sending: {error}"
         for r, _, error in infos
@@ -127,7 +131,22 @@ def agree(comm, fields: dict, error: Exception = None, payload: int = None):
     infos = comm.allgather((fields, error_text(error)))
     if error is not None:
         raise error
-    raise MismatchError(mismatch_message([(r, f, e) for r, (f, e) in enumerate(infos)]))
+    ranks = _global_ranks(comm)
+    raise MismatchError(mismatch_message([(ranks[r], f, e) for r, (f, e) in enumerate(infos)]))
+
+
+def _global_ranks(comm) -> list:
+    """Return the hvd.rank() of each rank of `comm`; a process set's own ranks would mislead."""
+    try:
+        world = current().comm
+    except NotInitializedError:  # `comm` is all there is
+        return list(range(comm.size))
+    group, world_group = comm.Get_group(), world.Get_group()
+    try:
+        return list(MPI.Group.Translate_ranks(group, range(comm.size), world_group))
+    finally:
+        group.Free()
+        world_group.Free()
 
 
 def error_text(error) -> str:

@@ -130,8 +130,13 @@ def _root_index(root_rank, ranks) -> int:
     return list(ranks).index(root)
 
 
-def _checked(check):
-    """Run `check()`; return (its result, None) or (None, the argument error it raised)."""
+def _checked(check, error=None):
+    """Run `check()`; return (its result, None) or (None, the argument error it raised).
+
+    An `error` found earlier (an input that is no supported array) is returned without checking.
+    """
+    if error is not None:
+        return None, error
     try:
         return check(), None
     except (TypeError, ValueError, NotImplementedError) as exc:
@@ -139,10 +144,17 @@ def _checked(check):
 
 
 def _prepare(tensor, process_set):
-    """Return (communicator, global ranks, array, array module) for a collective's input."""
+    """Return (communicator, global ranks, array, array module, input error) for a collective.
+
+    An input that is no supported array must fail on every rank, not only here, so its
+    TypeError is returned (with an empty stand-in array) for the plan to carry.
+    """
     comm, ranks = communicator(process_set)
-    array = as_array(tensor)
-    return comm, ranks, array, array_module(array)
+    try:
+        array = as_array(tensor)
+    except TypeError as exc:
+        return comm, ranks, np.empty(0, dtype=np.uint8), np, exc
+    return comm, ranks, array, array_module(array), None
 
 
 def _set_id(process_set) -> int:
@@ -217,7 +229,7 @@ def allreduce_plan(
     inplace=False,
 ) -> Plan:
     """Return the Plan of an all-reduce; see allreduce() for the arguments."""
-    comm, _, array, xp = _prepare(tensor, process_set)
+    comm, _, array, xp, bad_input = _prepare(tensor, process_set)
 
     def parse():
         resolved = resolve_op(op, average)
@@ -226,7 +238,7 @@ def allreduce_plan(
             _check_writable(array, "allreduce_")
         return resolved, algorithms.requested_algorithm(algorithm)
 
-    parsed, error = _checked(parse)
+    parsed, error = _checked(parse, bad_input)
     resolved, requested = parsed or (None, None)
     fields = {
         "collective": "allreduce",
@@ -379,7 +391,7 @@ def reducescatter_plan(
     algorithm=None,
 ) -> Plan:
     """Return the Plan of a reduce-scatter; see reducescatter() for the arguments."""
-    comm, _, array, xp = _prepare(tensor, process_set)
+    comm, _, array, xp, bad_input = _prepare(tensor, process_set)
 
     def parse():
         resolved = resolve_op(op, None)
@@ -393,7 +405,7 @@ def reducescatter_plan(
             )
         return resolved, requested
 
-    parsed, error = _checked(parse)
+    parsed, error = _checked(parse, bad_input)
     resolved, requested = parsed or (None, None)
     fields = {
         "collective": "reducescatter",
@@ -453,14 +465,14 @@ def broadcast_plan(
     tensor, root_rank, name=None, process_set=global_process_set, inplace=False
 ) -> Plan:
     """Return the Plan of a broadcast; see broadcast() for the arguments."""
-    comm, ranks, array, xp = _prepare(tensor, process_set)
+    comm, ranks, array, xp, bad_input = _prepare(tensor, process_set)
 
     def parse():
         if inplace:
             _check_writable(array, "broadcast_")
         return _root_index(root_rank, ranks)
 
-    root, error = _checked(parse)
+    root, error = _checked(parse, bad_input)
     fields = {
         "collective": "broadcast",
         "name": name,
@@ -493,8 +505,8 @@ def _displacements(counts) -> list:
 
 def allgather_plan(tensor, name=None, process_set=global_process_set) -> Plan:
     """Return the Plan of an allgather; see allgather() for the arguments."""
-    comm, _, array, xp = _prepare(tensor, process_set)
-    _, error = _checked(lambda: _check_rows(array, "allgather"))
+    comm, _, array, xp, bad_input = _prepare(tensor, process_set)
+    _, error = _checked(lambda: _check_rows(array, "allgather"), bad_input)
     fields = {
         "collective": "allgather",
         "name": name,
@@ -548,13 +560,13 @@ def _parse_splits(splits, rows: int, size: int) -> np.ndarray:
 
 def alltoall_plan(tensor, splits=None, name=None, process_set=global_process_set) -> Plan:
     """Return the Plan of an alltoall; see alltoall() for the arguments."""
-    comm, _, array, xp = _prepare(tensor, process_set)
+    comm, _, array, xp, bad_input = _prepare(tensor, process_set)
 
     def parse():
         _check_rows(array, "alltoall")
         return _parse_splits(splits, array.shape[0], comm.size)
 
-    send_splits, error = _checked(parse)
+    send_splits, error = _checked(parse, bad_input)
     fields = {
         "collective": "alltoall",
         "name": name,

@@ -342,8 +342,8 @@ class Engine:
 
     def _report_stalls(self, stalled: list, now: float) -> None:
         late = [(key, missing) for key, missing, since in stalled if now - since > self.stall_check]
-        if not late:
-            return
+        if not late or now - self._last_stall_report < self.stall_check:
+            return  # once per stall check period, not once per cycle
         self._last_stall_report = now
         if self.comm.rank == 0 or any(key in self._pending for key, _ in late):
             lines = "; ".join(f"{key[1]!r} is missing ranks {missing}" for key, missing in late)

@@ -5,6 +5,7 @@ single "not initialized" guard.
 """
 
 import atexit
+import sys
 import threading
 from typing import NamedTuple, Optional
 
@@ -104,7 +105,7 @@ def init(comm=None, process_sets=None) -> None:
         state.engine = Engine(state)
         _state = state
         if not _atexit_registered:
-            atexit.register(shutdown)
+            atexit.register(_at_exit)
             _atexit_registered = True
     if process_sets and process_sets != "dynamic":
         from .process_sets import add_process_set
@@ -149,6 +150,24 @@ def shutdown() -> None:
         state.close()
 
 
+def _at_exit() -> None:
+    """Shut down at interpreter exit; after an uncaught exception, abort the whole job instead.
+
+    MPICH's MPI_Finalize waits for the other ranks, which may be blocked in a collective that
+    this rank will never join: the job would hang. Aborting ends it with a non-zero exit, as
+    `python -m mpi4py` does.
+    """
+    failed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if failed is not None and not hasattr(sys, "ps1") and _state is not None:
+        sys.stderr.write(
+            f"horovodlite: rank {_state.comm.rank} exits on an uncaught {type(failed).__name__}: "
+            "aborting the job\n"
+        )
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+    shutdown()
+
+
 def is_initialized() -> bool:
     """Return whether init() has been called (and shutdown() has not)."""
     return _state is not None
@@ -191,4 +210,5 @@ def is_homogeneous() -> bool:
 
 def mpi_threads_supported() -> bool:
     """Return whether MPI was initialized with MPI_THREAD_MULTIPLE."""
+    current()  # Horovod raises before init here too
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE

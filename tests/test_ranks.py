@@ -4,6 +4,7 @@ Each module runs as a pytest session on every rank at once (collectives need all
 timeout. A failure shows the output of all ranks, each line prefixed by its rank.
 """
 
+import importlib.util
 import pathlib
 
 import pytest
@@ -13,7 +14,13 @@ RANKS_DIR = pathlib.Path(__file__).parent / "ranks"
 MODULES = sorted(p.name for p in RANKS_DIR.glob("rank_*.py"))
 # TensorFlow takes seconds per rank to import: these modules run at fewer rank counts.
 RANK_COUNTS_FOR = {"rank_keras.py": (2, 3), "rank_tensorflow.py": (2, 3)}
-CASES = [(module, np) for module in MODULES for np in RANK_COUNTS_FOR.get(module, RANK_COUNTS)]
+# Without CuPy every test in rank_gpu.py would skip on every rank: skip the launches instead.
+NO_CUPY = pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="needs CuPy")
+CASES = [
+    pytest.param(module, np, marks=NO_CUPY if module == "rank_gpu.py" else ())
+    for module in MODULES
+    for np in RANK_COUNTS_FOR.get(module, RANK_COUNTS)
+]
 
 
 @pytest.mark.mpi
@@ -21,8 +28,10 @@ CASES = [(module, np) for module in MODULES for np in RANK_COUNTS_FOR.get(module
 def test_module_on_ranks(module, np):
     result = run_ranks(
         np,
-        ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "python_files=rank_*.py",
-         "--rootdir", str(RANKS_DIR), str(RANKS_DIR / module)],
+        # Hypothesis's pytest plugin imports hypothesis at start-up, a second of CPU per rank;
+        # rank_property.py uses hypothesis without it.
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+         "-o", "python_files=rank_*.py", "--rootdir", str(RANKS_DIR), str(RANKS_DIR / module)],
         timeout=240,
     )  # fmt: skip
     assert result.returncode == 0, f"{module} failed on {np} ranks:\n{result.stdout[-20000:]}"

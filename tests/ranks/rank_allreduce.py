@@ -1,0 +1,299 @@
+"""allreduce and allreduce_ on every rank: every algorithm, dtype, op and awkward shape."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from oracle import (
+    ALGORITHMS,
+    DTYPES,
+    OPS,
+    WORLD,
+    assert_reduced,
+    dtype_id,
+    everyone,
+    expect_error_everywhere,
+    rank_values,
+    reduce_expected,
+    still_in_step,
+)
+
+import horovodlite as hvd
+from horovodlite import algorithms
+
+
+def forms(x, **kwargs):
+    """Yield (form, result) for the out-of-place and the in-place all-reduce of `x`."""
+    yield "allreduce", hvd.allreduce(x.copy(), **kwargs)
+    inplace = x.copy()
+    result = hvd.allreduce_(inplace, **kwargs)
+    assert result is inplace
+    yield "allreduce_", inplace
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_dtype_and_op(algorithm, dtype):
+    x = rank_values((3, 5), dtype, hvd.rank(), seed=1)
+    inputs = everyone(x)
+    for op in OPS:
+        if dtype == np.bool_ and op == hvd.Average:
+            with pytest.raises(TypeError, match="Average of bool"):
+                hvd.allreduce(x, op=op, algorithm=algorithm)
+            continue
+        for form, out in forms(x, op=op, algorithm=algorithm, name=f"{dtype}.{op.name}"):
+            try:
+                assert_reduced(out, reduce_expected(inputs, op), op)
+            except AssertionError as exc:
+                raise AssertionError(f"{form} op={op.name}: {exc}") from None
+
+
+def awkward_shapes(n: int) -> list:
+    return [
+        (0,),  # empty
+        (0, 3),  # empty with trailing dimensions
+        (),  # 0-d
+        (1,),
+        (max(n - 1, 1),),  # fewer elements than ranks
+        (n + 1,),  # not divisible by the rank count
+        (2 * n + 1, 3),
+        (4, 1, 5),
+    ]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_awkward_shapes(algorithm):
+    for shape in awkward_shapes(hvd.size()):
+        for dtype, op in ((np.float32, hvd.Sum), (np.int32, hvd.Max), (np.float64, hvd.Average)):
+            x = rank_values(shape, dtype, hvd.rank(), seed=2)
+            expected = reduce_expected(everyone(x), op)
+            for form, out in forms(x, op=op, algorithm=algorithm):
+                try:
+                    assert_reduced(out, expected, op)
+                except AssertionError as exc:
+                    raise AssertionError(f"{form} shape={shape} {np.dtype(dtype)}: {exc}") from None
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_non_contiguous_views(algorithm):
+    base = rank_values((6, 8), np.float64, hvd.rank(), seed=3)
+    views = {
+        "transposed": lambda a: a.T,
+        "strided": lambda a: a[::2, 1::3],
+        "reversed": lambda a: a[::-1, ::-2],
+    }
+    for label, view in views.items():
+        expected = reduce_expected(everyone(view(base).copy()), hvd.Sum)
+        out = hvd.allreduce(view(base), op=hvd.Sum, algorithm=algorithm)
+        assert_reduced(out, expected)
+        target = base.copy()
+        untouched = np.ones(target.shape, bool)
+        view(untouched)[...] = False
+        result = hvd.allreduce_(view(target), op=hvd.Sum, algorithm=algorithm)
+        assert_reduced(view(target), expected)
+        assert np.shares_memory(result, target), f"{label}: allreduce_ did not return the view"
+        np.testing.assert_array_equal(target[untouched], base[untouched], err_msg=label)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", None])
+def test_large_buffer_crosses_ring_segments(algorithm):
+    n, r = hvd.size(), hvd.rank()
+    # Each rank's ring chunk is over the 1 MiB segment, so chunks travel as several segments.
+    count = n * (5 << 20) // (4 * 4) + 3
+    pattern = np.arange(count, dtype=np.int64) % 251
+    x = (pattern + r).astype(np.float32)
+    out = hvd.allreduce(x, op=hvd.Sum, algorithm=algorithm)
+    np.testing.assert_array_equal(out, (n * pattern + n * (n - 1) // 2).astype(np.float32))
+    hvd.allreduce_(x, op=hvd.Average, algorithm=algorithm)
+    np.testing.assert_allclose(x, pattern + (n - 1) / 2, rtol=1e-6)
+
+
+@pytest.mark.parametrize("segment_bytes", ["1", "8", "20"])
+def test_small_ring_segments(monkeypatch, segment_bytes):
+    monkeypatch.setenv("HOROVODLITE_RING_SEGMENT_BYTES", segment_bytes)
+    for dtype in (np.float64, np.float16, ml_dtypes.bfloat16, np.uint8):
+        x = rank_values((37,), dtype, hvd.rank(), seed=4)
+        expected = reduce_expected(everyone(x), hvd.Sum)
+        for _, out in forms(x, op=hvd.Sum, algorithm="ring"):
+            assert_reduced(out, expected)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_bitwise_identical_on_every_rank(algorithm, dtype):
+    n = hvd.size()
+    rng = np.random.default_rng([5, hvd.rank()])
+    for count in (1000, 100_003):
+        x = rng.standard_normal(count).astype(dtype)
+        exact = np.sum([v.astype(np.float64) for v in everyone(x)], axis=0)
+        for op in (hvd.Sum, hvd.Average):
+            out = hvd.allreduce(x, op=op, algorithm=algorithm)
+            results = WORLD.allgather(out.tobytes())
+            differ = [k for k in range(n) if results[k] != results[0]]
+            assert not differ, f"ranks {differ} got other bits than rank 0 ({op.name}, {count})"
+            scale = 1 / n if op == hvd.Average else 1
+            eps = float(ml_dtypes.finfo(dtype).eps)
+            np.testing.assert_allclose(
+                out.astype(np.float64), exact * scale, rtol=4 * n * eps, atol=16 * n * eps
+            )
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_prescale_and_postscale(algorithm):
+    cases = [
+        (np.float32, hvd.Sum, 2.0, 0.5),
+        (np.float64, hvd.Average, 3.0, 0.25),
+        (np.float16, hvd.Max, -1.0, 2.0),
+        (np.int32, hvd.Sum, 3.0, 0.5),  # integers truncate toward zero after each scaling
+        (np.int64, hvd.Average, 1.0, 3.0),
+        (np.uint8, hvd.Sum, 1.0, 0.5),
+    ]
+    for dtype, op, pre, post in cases:
+        x = rank_values((11,), dtype, hvd.rank(), seed=6)
+        expected = reduce_expected(everyone(x), op, pre, post)
+        kwargs = dict(op=op, prescale_factor=pre, postscale_factor=post, algorithm=algorithm)
+        for form, out in forms(x, **kwargs):
+            try:
+                assert_reduced(out, expected, op)
+            except AssertionError as exc:
+                raise AssertionError(f"{form} {np.dtype(dtype)} {kwargs}: {exc}") from None
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_integer_average_truncates_toward_zero(algorithm):
+    n, r = hvd.size(), hvd.rank()
+    # The sums are -(n + 1) and n + 1: their averages lie strictly between two integers.
+    values = np.array([-(n + 1), n + 1] if r == 0 else [0, 0], dtype=np.int64)
+    expected = [int(np.trunc(-(n + 1) / n)), int(np.trunc((n + 1) / n))]
+    for dtype in (np.int8, np.int32, np.int64):
+        out = hvd.allreduce(values.astype(dtype), op=hvd.Average, algorithm=algorithm)
+        assert out.dtype == dtype
+        assert out.tolist() == expected, f"{np.dtype(dtype)}: {out.tolist()} != {expected}"
+
+
+def test_default_op_is_average():
+    n = hvd.size()
+    out = hvd.allreduce(np.full(3, float(hvd.rank())))
+    np.testing.assert_allclose(out, np.full(3, (n - 1) / 2))
+
+
+def test_deprecated_average_argument():
+    n, r = hvd.size(), hvd.rank()
+    x = np.full(4, float(r + 1))
+    with pytest.warns(DeprecationWarning, match="average= is deprecated"):
+        out = hvd.allreduce(x, average=True)
+    np.testing.assert_allclose(out, np.full(4, (n + 1) / 2))
+    with pytest.warns(DeprecationWarning, match="op=Average or op=Sum"):
+        out = hvd.allreduce(x, average=False)
+    np.testing.assert_array_equal(out, np.full(4, n * (n + 1) / 2))
+    with pytest.warns(DeprecationWarning):
+        hvd.allreduce_(x, average=False)
+    np.testing.assert_array_equal(x, np.full(4, n * (n + 1) / 2))
+    with pytest.raises(ValueError, match="not both"):
+        hvd.allreduce(x, op=hvd.Sum, average=True)
+    still_in_step()
+
+
+class Spy:
+    """Wrap an all-reduce algorithm and count its calls."""
+
+    def __init__(self, function):
+        self.function, self.calls = function, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.function(*args)
+
+
+def spy_on_algorithms(monkeypatch) -> dict:
+    spies = {name: Spy(function) for name, function in algorithms.ALLREDUCE.items()}
+    for name, spy in spies.items():
+        monkeypatch.setitem(algorithms.ALLREDUCE, name, spy)
+    return spies
+
+
+def test_requested_algorithm_runs(monkeypatch):
+    spies = spy_on_algorithms(monkeypatch)
+    x = np.arange(10, dtype=np.float32)
+    for name in ("ring", "naive", "mpi"):
+        hvd.allreduce(x, op=hvd.Sum, algorithm=name)
+        assert spies[name].calls == 1, {k: s.calls for k, s in spies.items()}
+        spies[name].calls = 0
+    # The MPI library cannot reduce bfloat16 on its own, but a user-defined op can on the host.
+    hvd.allreduce(x.astype(ml_dtypes.bfloat16), op=hvd.Sum, algorithm="mpi")
+    assert spies["mpi"].calls == 1
+    spies["mpi"].calls = 0
+    hvd.allreduce(x, op=hvd.Sum)  # auto: small messages go to the MPI library
+    assert spies["mpi"].calls == 1
+    spies["mpi"].calls = 0
+    big = np.zeros(algorithms.SMALL_MESSAGE_BYTES // 4 + 1, dtype=np.float32)
+    hvd.allreduce(big, op=hvd.Sum, algorithm="auto")  # auto: large messages go round the ring
+    assert spies["ring"].calls == 1
+
+
+def test_algorithm_from_environment(monkeypatch):
+    spies = spy_on_algorithms(monkeypatch)
+    n = hvd.size()
+    x = np.ones(6, dtype=np.int64)
+    monkeypatch.setenv("HOROVODLITE_ALLREDUCE_ALGORITHM", "naive")
+    np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Sum), np.full(6, n))
+    assert spies["naive"].calls == 1
+    # An explicit argument wins over the environment.
+    np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Sum, algorithm="ring"), np.full(6, n))
+    assert (spies["naive"].calls, spies["ring"].calls) == (1, 1)
+    monkeypatch.setenv("HOROVODLITE_ALLREDUCE_ALGORITHM", "auto")
+    hvd.allreduce(x, op=hvd.Sum)
+    assert (spies["naive"].calls, spies["ring"].calls, spies["mpi"].calls) == (1, 1, 1)
+    monkeypatch.setenv("HOROVODLITE_ALLREDUCE_ALGORITHM", "butterfly")
+    with pytest.raises(ValueError, match="unknown algorithm 'butterfly'"):
+        hvd.allreduce(x, op=hvd.Sum)
+    monkeypatch.delenv("HOROVODLITE_ALLREDUCE_ALGORITHM")
+    still_in_step()
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_grouped_allreduce(algorithm):
+    r = hvd.rank()
+    arrays = [rank_values(shape, np.float32, r, seed=7 + i) for i, shape in
+              enumerate([(3,), (0,), (2, 5), (), (hvd.size() + 2, 1)])]  # fmt: skip
+    expected = [reduce_expected(everyone(a), hvd.Sum) for a in arrays]
+    outs = hvd.grouped_allreduce(arrays, op=hvd.Sum, name="group", algorithm=algorithm)
+    assert len(outs) == len(arrays)
+    for out, want in zip(outs, expected):
+        assert_reduced(out, want)
+    copies = [a.copy() for a in arrays]
+    outs = hvd.grouped_allreduce(copies, op=hvd.Sum, algorithm=algorithm, inplace=True)
+    for copy, out, want in zip(copies, outs, expected):
+        assert out is copy
+        assert_reduced(copy, want)
+    assert hvd.grouped_allreduce([]) == []
+    with pytest.raises(TypeError, match="one dtype"):
+        hvd.grouped_allreduce([np.ones(2, np.float32), np.ones(2, np.float64)])
+    still_in_step()
+
+
+def test_accepts_buffer_protocol_objects():
+    n = hvd.size()
+    out = hvd.allreduce([1.0, 2.0], op=hvd.Sum)  # anything numpy can view
+    np.testing.assert_array_equal(out, [n, 2.0 * n])
+    out = hvd.allreduce(memoryview(np.arange(3, dtype=np.int16)), op=hvd.Sum)
+    assert out.dtype == np.int16
+    np.testing.assert_array_equal(out, np.arange(3) * n)
+    readonly = np.ones(2)
+    readonly.flags.writeable = False  # fine out of place, refused in place
+    np.testing.assert_array_equal(hvd.allreduce(readonly, op=hvd.Sum), [n, n])
+    with pytest.raises(ValueError, match="read-only"):
+        hvd.allreduce_(readonly, op=hvd.Sum)
+    still_in_step()
+
+
+def test_mismatched_shape_fails_on_every_rank():
+    n = hvd.size()
+    if n == 1:
+        pytest.skip("a mismatch needs two ranks")
+    odd = n - 1
+    shape = (4,) if hvd.rank() == odd else (3,)
+    expect_error_everywhere(
+        lambda: hvd.allreduce(np.ones(shape), name="w"), set(), None,
+        f"rank {odd} sent", "shape", "(4,)", "(3,)", "allreduce 'w'",
+    )  # fmt: skip
+    still_in_step()

@@ -1,0 +1,514 @@
+"""The engine on every rank: async collectives submitted in a different order on each rank, from
+several threads, with and without fusion; mismatches, duplicate names, join, sync interleaving.
+
+numpy computes every expected result from the inputs (`rank_values` is the same on every rank),
+so no MPI call is trusted as the oracle here.
+"""
+
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+from oracle import (
+    DTYPES,
+    assert_reduced,
+    expect_error_everywhere,
+    rank_values,
+    reduce_expected,
+    still_in_step,
+)
+
+import horovodlite as hvd
+
+THREADS = 3
+
+
+def engine():
+    return hvd.state.current().engine
+
+
+def rows_of(count: int, parts: int) -> list:
+    """Return Horovod's split of `count` rows over `parts` ranks: the first count % parts get one
+    more."""
+    base, extra = divmod(count, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases: (name, submit() -> Handle, check(result)). Built identically on every rank; only members
+# of a case's ranks submit it.
+
+
+def allreduce_cases(ranks, process_set, tag: str) -> list:
+    me = hvd.rank()
+    cases = []
+    ops = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
+    for i, dtype in enumerate(DTYPES):
+        for op in ops:
+            if dtype == np.bool_ and op == hvd.Average:
+                continue
+            shape = [(3, 5), (7,), (0,), (), (2, 1, 3)][(i + op.value) % 5]
+            name = f"{tag}.allreduce.{dtype}.{op.name}"
+            seed = 100 + i
+
+            def submit(shape=shape, dtype=dtype, op=op, name=name, seed=seed):
+                x = rank_values(shape, dtype, me, seed)
+                return hvd.allreduce_async(x, op=op, name=name, process_set=process_set)
+
+            def check(out, shape=shape, dtype=dtype, op=op, seed=seed):
+                inputs = [rank_values(shape, dtype, k, seed) for k in ranks]
+                assert_reduced(out, reduce_expected(inputs, op), op)
+
+            cases.append((name, submit, check))
+    # Scaled, in place, and grouped forms.
+    for inplace in (False, True):
+        name = f"{tag}.scaled.{inplace}"
+
+        def submit(inplace=inplace, name=name):
+            x = rank_values((4, 6), np.float64, me, 7)
+            call = hvd.allreduce_async_ if inplace else hvd.allreduce_async
+            handle = call(x, op=hvd.Average, name=name, prescale_factor=0.5,
+                          postscale_factor=3.0, process_set=process_set)  # fmt: skip
+            if inplace:
+                handle.inplace = x
+            return handle
+
+        def check(out):
+            inputs = [rank_values((4, 6), np.float64, k, 7) for k in ranks]
+            assert_reduced(out, reduce_expected(inputs, hvd.Average, 0.5, 3.0), hvd.Average)
+
+        cases.append((name, submit, check))
+    for inplace in (False, True):
+        name = f"{tag}.grouped.{inplace}"
+        shapes = [(3,), (2, 4), (0,), (5, 1)]
+
+        def submit(inplace=inplace, name=name, shapes=shapes):
+            xs = [rank_values(s, np.int32, me, 20 + j) for j, s in enumerate(shapes)]
+            call = hvd.grouped_allreduce_async_ if inplace else hvd.grouped_allreduce_async
+            handle = call(xs, op=hvd.Sum, name=name, process_set=process_set)
+            if inplace:
+                handle.inplace = xs
+            return handle
+
+        def check(outs, shapes=shapes):
+            assert len(outs) == len(shapes)
+            for j, (out, s) in enumerate(zip(outs, shapes)):
+                inputs = [rank_values(s, np.int32, k, 20 + j) for k in ranks]
+                assert_reduced(out, reduce_expected(inputs, hvd.Sum))
+
+        cases.append((name, submit, check))
+    return cases
+
+
+def data_cases(ranks, process_set, tag: str) -> list:
+    n, me = len(ranks), hvd.rank()
+    position = ranks.index(me)
+    cases = []
+    dtype = ml_dtypes.bfloat16
+
+    # allgather: rank k (position p) has p rows (the first has none).
+    def gather_expected(seed, trailing=(2,)):
+        parts = [rank_values((p, *trailing), dtype, k, seed) for p, k in enumerate(ranks)]
+        return np.concatenate(parts)
+
+    def submit_gather():
+        x = rank_values((position, 2), dtype, me, 30)
+        return hvd.allgather_async(x, name=f"{tag}.allgather", process_set=process_set)
+
+    def check_gather(out):
+        np.testing.assert_array_equal(out, gather_expected(30))
+        assert out.dtype == dtype
+
+    cases.append((f"{tag}.allgather", submit_gather, check_gather))
+
+    def submit_grouped_gather():
+        xs = [
+            rank_values((position, 2), dtype, me, 31),
+            rank_values((position, 1, 3), dtype, me, 32),
+        ]
+        return hvd.grouped_allgather_async(xs, name=f"{tag}.gg", process_set=process_set)
+
+    def check_grouped_gather(outs):
+        np.testing.assert_array_equal(outs[0], gather_expected(31))
+        np.testing.assert_array_equal(outs[1], gather_expected(32, (1, 3)))
+
+    cases.append((f"{tag}.gg", submit_grouped_gather, check_grouped_gather))
+
+    for inplace, root in ((False, ranks[-1]), (True, ranks[0])):
+        name = f"{tag}.broadcast.{inplace}"
+
+        def submit(inplace=inplace, root=root, name=name):
+            x = rank_values((3, 2), np.float16, me, 40)
+            call = hvd.broadcast_async_ if inplace else hvd.broadcast_async
+            handle = call(x, root, name=name, process_set=process_set)
+            if inplace:
+                handle.inplace = x
+            return handle
+
+        def check(out, root=root):
+            np.testing.assert_array_equal(out, rank_values((3, 2), np.float16, root, 40))
+
+        cases.append((name, submit, check))
+
+    rows = 2 * n + 1
+    split = rows_of(rows, n)
+    start = sum(split[:position])
+
+    def submit_scatter():
+        x = rank_values((rows, 3), np.int64, me, 50)
+        return hvd.reducescatter_async(x, op=hvd.Sum, name=f"{tag}.rs", process_set=process_set)
+
+    def check_scatter(out):
+        full = reduce_expected([rank_values((rows, 3), np.int64, k, 50) for k in ranks], hvd.Sum)
+        assert_reduced(out, full[start : start + split[position]])
+
+    cases.append((f"{tag}.rs", submit_scatter, check_scatter))
+
+    def submit_grouped_scatter():
+        xs = [rank_values((rows, 2), np.float32, me, 51), rank_values((rows,), np.float32, me, 52)]
+        return hvd.grouped_reducescatter_async(
+            xs, op=hvd.Average, name=f"{tag}.grs", process_set=process_set
+        )
+
+    def check_grouped_scatter(outs):
+        for out, seed, shape in zip(outs, (51, 52), ((rows, 2), (rows,))):
+            full = [rank_values(shape, np.float32, k, seed) for k in ranks]
+            expected = reduce_expected(full, hvd.Average)
+            assert_reduced(out, expected[start : start + split[position]], hvd.Average)
+
+    cases.append((f"{tag}.grs", submit_grouped_scatter, check_grouped_scatter))
+
+    def submit_alltoall():
+        x = rank_values((2 * n, 2), np.uint16, me, 60)
+        return hvd.alltoall_async(x, name=f"{tag}.a2a", process_set=process_set)
+
+    def check_alltoall(out):
+        parts = [rank_values((2 * n, 2), np.uint16, k, 60)[2 * position : 2 * position + 2]
+                 for k in ranks]  # fmt: skip
+        np.testing.assert_array_equal(out, np.concatenate(parts))
+
+    cases.append((f"{tag}.a2a", submit_alltoall, check_alltoall))
+
+    def splits_of(p):  # what position p sends to each position
+        return [(p + q) % 3 for q in range(n)]
+
+    def submit_alltoallv():
+        splits = splits_of(position)
+        x = rank_values((sum(splits), 2), np.int8, me, 61)
+        return hvd.alltoall_async(x, splits=splits, name=f"{tag}.a2av", process_set=process_set)
+
+    def check_alltoallv(result):
+        out, received = result
+        parts = []
+        for p, k in enumerate(ranks):
+            splits = splits_of(p)
+            offset = sum(splits[:position])
+            parts.append(rank_values((sum(splits), 2), np.int8, k, 61)[offset:][: splits[position]])
+        np.testing.assert_array_equal(out, np.concatenate(parts))
+        np.testing.assert_array_equal(received, [splits_of(p)[position] for p in range(n)])
+
+    cases.append((f"{tag}.a2av", submit_alltoallv, check_alltoallv))
+    return cases
+
+
+def run_shuffled(cases: list, seed: int) -> None:
+    """Submit `cases` in a random order (different on every rank) from THREADS threads, then
+    synchronize them in another random order and check every result."""
+    rng = np.random.default_rng([seed, hvd.rank()])
+    order = rng.permutation(len(cases))
+    handles, errors = {}, []
+
+    def submitter(indices):
+        try:
+            for i in indices:
+                name, submit, _ = cases[i]
+                handles[name] = submit()
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=submitter, args=(order[t::THREADS],)) for t in range(THREADS)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    for i in rng.permutation(len(cases)):
+        name, _, check = cases[i]
+        handle = handles[name]
+        result = hvd.synchronize(handle)
+        assert hvd.poll(handle)
+        if hasattr(handle, "inplace"):  # in-place forms return their inputs
+            if isinstance(result, list):
+                assert all(r is x for r, x in zip(result, handle.inplace)), name
+            else:
+                assert result is handle.inplace, name
+        try:
+            check(result)
+        except AssertionError as exc:
+            raise AssertionError(f"{name}: {exc}") from None
+
+
+@pytest.fixture(params=["default", 0, 100], ids=lambda p: f"fusion={p}")
+def fusion_threshold(request):
+    """Set the engine's fusion threshold on every rank (no request in flight), then restore it."""
+    eng = engine()
+    before = eng.fusion_threshold
+    if request.param != "default":
+        eng.fusion_threshold = request.param
+    hvd.barrier()  # every rank's engine sees the new threshold before anything is submitted
+    yield eng.fusion_threshold
+    eng.fusion_threshold = before
+    hvd.barrier()
+
+
+def test_every_async_collective_in_random_order_from_threads(fusion_threshold):
+    world = list(range(hvd.size()))
+    cases = allreduce_cases(world, hvd.global_process_set, "w")
+    cases += data_cases(world, hvd.global_process_set, "w")
+    run_shuffled(cases, seed=1)
+    run_shuffled(cases, seed=2)  # again: now every name is in the cache
+
+
+def test_inplace_forms_return_their_input():
+    x = rank_values((5,), np.float32, hvd.rank(), 3)
+    assert hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, name="ip.ar")) is x
+    xs = [x, x[:2].copy()]
+    outs = hvd.synchronize(hvd.grouped_allreduce_async_(xs, op=hvd.Sum, name="ip.g"))
+    assert outs[0] is xs[0] and outs[1] is xs[1]
+    y = rank_values((2,), np.int16, hvd.rank(), 4)
+    assert hvd.synchronize(hvd.broadcast_async_(y, 0, name="ip.b")) is y
+    np.testing.assert_array_equal(y, rank_values((2,), np.int16, 0, 4))
+
+
+@pytest.fixture(scope="module")
+def even_ranks():
+    process_set = hvd.add_process_set(list(range(0, hvd.size(), 2)))
+    yield process_set
+    hvd.remove_process_set(process_set)
+
+
+def test_process_sets_beside_the_global_set(even_ranks):
+    ranks = even_ranks.ranks
+    cases = []
+    if hvd.rank() in ranks:
+        cases += allreduce_cases(ranks, even_ranks, "even")[-6:]
+        cases += data_cases(ranks, even_ranks, "even")
+    world = list(range(hvd.size()))
+    cases += allreduce_cases(world, hvd.global_process_set, "ps.w")[:12]
+    run_shuffled(sorted(cases, key=lambda case: case[0]), seed=3)
+
+
+def test_poll_is_false_until_every_rank_submits():
+    if hvd.size() < 2:
+        pytest.skip("needs two ranks")
+    x = np.ones(3, dtype=np.float32)
+    handle = None
+    if hvd.rank() == 0:
+        handle = hvd.allreduce_async(x, op=hvd.Sum, name="poll.late")
+        assert not hvd.poll(handle)
+    hvd.barrier()  # the other ranks submit only after rank 0 has polled
+    if hvd.rank() != 0:
+        handle = hvd.allreduce_async(x, op=hvd.Sum, name="poll.late")
+    np.testing.assert_array_equal(hvd.synchronize(handle), np.full(3, hvd.size()))
+    assert hvd.poll(handle)
+
+
+def test_fused_and_unfused_results_are_equal_bitwise():
+    shapes = [(17,), (3, 300), (1,), (64, 64), (5,)]
+    eng = engine()
+    results = {}
+    for threshold in (eng.fusion_threshold, 0):
+        before, eng.fusion_threshold = eng.fusion_threshold, threshold
+        hvd.barrier()
+        try:
+            xs = [(rank_values(s, np.float32, hvd.rank(), 70 + i) / 8).astype(np.float32)
+                  for i, s in enumerate(shapes)]  # fmt: skip
+            handles = [hvd.allreduce_async(x, op=hvd.Average, name=f"bits.{i}", prescale_factor=3)
+                       for i, x in enumerate(xs)]  # fmt: skip
+            results[threshold] = [hvd.synchronize(h) for h in handles]
+        finally:
+            eng.fusion_threshold = before
+            hvd.barrier()
+    fused, unfused = results.values()
+    for a, b in zip(fused, unfused):
+        assert a.tobytes() == b.tobytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: raised on every rank by synchronize(), never a hang.
+
+
+def mismatch_cases(n: int, last: int) -> list:
+    me = hvd.rank()
+    odd = me == last
+    return [
+        ("shape", lambda: hvd.allreduce_async(np.zeros(4 if odd else 3), name="mm.shape"),
+         ["'mm.shape'", f"rank {last}", "shape", "(4,)", "(3,)"]),
+        ("dtype", lambda: hvd.allreduce_async(
+            np.zeros(3, np.float64 if odd else np.float32), name="mm.dtype"),
+         ["'mm.dtype'", f"rank {last}", "dtype", "'float64'", "'float32'"]),
+        ("op", lambda: hvd.allreduce_async(
+            np.zeros(3), op=hvd.Max if odd else hvd.Sum, name="mm.op"),
+         ["'mm.op'", f"rank {last}", "op", "'MAX'", "'SUM'"]),
+        ("root", lambda: hvd.broadcast_async(np.zeros(3), 1 if odd else 0, name="mm.root"),
+         ["'mm.root'", f"rank {last}", "root_rank", "1"]),
+        ("kind", lambda: (hvd.allgather_async if odd else hvd.allreduce_async)(
+            np.zeros(3), name="mm.kind"),
+         ["'mm.kind'", f"rank {last}", "collective", "'allgather'", "'allreduce'"]),
+        ("trailing", lambda: hvd.allgather_async(np.zeros((2, 3 if odd else 2)), name="mm.tr"),
+         ["'mm.tr'", f"rank {last}", "trailing_shape", "(3,)", "(2,)"]),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_mismatch_raises_on_every_rank(index):
+    n = hvd.size()
+    if n < 2:
+        pytest.skip("a mismatch needs two ranks")
+    what, submit, fragments = mismatch_cases(n, n - 1)[index]
+    handle = submit()  # submitting never raises: the ranks find out together
+    text = expect_error_everywhere(lambda: hvd.synchronize(handle), set(), None, *fragments)
+    assert "every rank must call the same collectives" in text, what
+    still_in_step()
+    again = hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="mm.after")
+    np.testing.assert_array_equal(hvd.synchronize(again), [n, n])
+
+
+def test_bad_argument_on_one_rank_raises_on_every_rank():
+    n, me = hvd.size(), hvd.rank()
+    last = n - 1
+    frozen = np.zeros(3)
+    frozen.flags.writeable = me != last
+    handle = hvd.allreduce_async_(frozen, name="bad.readonly")
+    expect_error_everywhere(lambda: hvd.synchronize(handle), {last}, ValueError,
+                            f"rank {last} failed before sending", "read-only")  # fmt: skip
+    splits = [1] * n if me != last else [2] * n
+    handle = hvd.alltoall_async(np.zeros((n, 2)), splits=splits, name="bad.splits")
+    expect_error_everywhere(lambda: hvd.synchronize(handle), {last}, ValueError,
+                            f"rank {last} failed before sending", "add up to")  # fmt: skip
+    # A bad argument inside a group fails the whole group, on every rank.
+    xs = [np.zeros(2, bool), np.zeros(2, bool)]
+    op = hvd.Average if me == last else hvd.Sum
+    handle = hvd.grouped_allreduce_async(xs, op=op, name="bad.group")
+    expect_error_everywhere(lambda: hvd.synchronize(handle), {last}, TypeError,
+                            f"rank {last} failed before sending", "Average of bool")  # fmt: skip
+    still_in_step()
+
+
+def test_duplicate_name_in_flight_is_a_value_error():
+    x = np.ones(3)
+    handle = hvd.allreduce_async(x, op=hvd.Sum, name="dup")
+    with pytest.raises(ValueError, match="'dup' is already in flight"):
+        hvd.allreduce_async(x, op=hvd.Sum, name="dup")
+    with pytest.raises(ValueError, match="already in flight"):
+        hvd.broadcast_async(x, 0, name="dup")
+    group = hvd.grouped_allreduce_async([x, x], op=hvd.Sum, name="dupg")
+    with pytest.raises(ValueError, match="'dupg.1' is already in flight"):
+        hvd.allreduce_async(x, op=hvd.Sum, name="dupg.1")
+    with pytest.raises(ValueError, match="'dupg.0' is already in flight"):
+        hvd.grouped_allreduce_async([x, x, x], op=hvd.Sum, name="dupg")
+    # The refused group submitted nothing: 'dupg.2' is still free.
+    third = hvd.allreduce_async(x, op=hvd.Sum, name="dupg.2")
+    np.testing.assert_array_equal(hvd.synchronize(handle), np.full(3, hvd.size()))
+    assert len(hvd.synchronize(group)) == 2
+    np.testing.assert_array_equal(hvd.synchronize(third), np.full(3, hvd.size()))
+    # Once synchronized, the name is free again.
+    again = hvd.allreduce_async(x, op=hvd.Sum, name="dup")
+    np.testing.assert_array_equal(hvd.synchronize(again), np.full(3, hvd.size()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Join.
+
+
+@pytest.mark.parametrize("last", ["highest", "lowest"])
+def test_join_with_uneven_batches(last):
+    n, me = hvd.size(), hvd.rank()
+    batches = [k + 1 if last == "highest" else n - k for k in range(n)]
+    shape = (4, 3)
+    for step in range(batches[me]):
+        active = [k for k in range(n) if step < batches[k]]
+
+        def inputs(dtype, seed, active=active):
+            return [rank_values(shape, dtype, k, seed) if k in active
+                    else np.zeros(shape, dtype) for k in range(n)]  # fmt: skip
+
+        x = rank_values(shape, np.float32, me, 80 + step)
+        y = rank_values(shape, np.int64, me, 90 + step)
+        zs = [rank_values((2,), np.float64, me, 95 + step), rank_values((0,), np.float64, me, 0)]
+        # The same name every step (served by the cache) and a new name every step.
+        handles = [
+            hvd.allreduce_async(x, op=hvd.Average, name="join.avg"),
+            hvd.allreduce_async_(y, op=hvd.Sum, name=f"join.sum.{step}"),
+            hvd.grouped_allreduce_async(zs, op=hvd.Sum, name="join.group"),
+        ]
+        average, total, group = [hvd.synchronize(h) for h in handles]
+        assert_reduced(average, reduce_expected(inputs(np.float32, 80 + step), hvd.Average),
+                       hvd.Average)  # fmt: skip
+        assert total is y
+        assert_reduced(total, reduce_expected(inputs(np.int64, 90 + step), hvd.Sum))
+        g = [rank_values((2,), np.float64, k, 95 + step) if k in active else np.zeros(2)
+             for k in range(n)]  # fmt: skip
+        assert_reduced(group[0], reduce_expected(g, hvd.Sum))
+        assert group[1].shape == (0,)
+    expected_last = n - 1 if last == "highest" else 0
+    assert hvd.join() == expected_last
+    still_in_step()
+
+
+def test_only_allreduce_runs_while_ranks_have_joined():
+    n, me = hvd.size(), hvd.rank()
+    if n < 2:
+        pytest.skip("needs two ranks")
+    if me == 0:
+        handle = hvd.broadcast_async(np.ones(2), 0, name="join.bcast")
+        with pytest.raises(hvd.HorovodLiteError, match="only allreduce takes part in join"):
+            hvd.synchronize(handle)
+    assert hvd.join() == 0
+    still_in_step()
+
+
+def test_join_on_every_rank_at_once_returns_the_same_rank():
+    result = hvd.join()
+    assert 0 <= result < hvd.size()
+    assert hvd.allgather_object(result) == [result] * hvd.size()
+
+
+# ---------------------------------------------------------------------------------------------
+# Synchronous calls beside the engine.
+
+
+def test_sync_calls_interleave_with_async_ones():
+    n, me = hvd.size(), hvd.rank()
+    rng = np.random.default_rng([5, me])
+    handles, errors = [], []
+
+    def background():
+        try:
+            for step in range(20):
+                for i in rng.permutation(4):
+                    x = rank_values((i + 1, 3), np.float64, me, 200 + 4 * step + i)
+                    handles.append(
+                        (step, i, hvd.allreduce_async(x, op=hvd.Sum, name=f"bg.{step}.{i}"))
+                    )
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=background)
+    thread.start()
+    for step in range(20):
+        x = rank_values((6,), np.int32, me, 300 + step)
+        out = hvd.allreduce(x, op=hvd.Sum, name=f"fg.{step}")
+        inputs = [rank_values((6,), np.int32, k, 300 + step) for k in range(n)]
+        assert_reduced(out, reduce_expected(inputs, hvd.Sum))
+        assert hvd.allgather_object(step) == [step] * n
+        h = hvd.broadcast_async(np.full(2, me), n - 1, name="fg.async")
+        np.testing.assert_array_equal(hvd.synchronize(h), [n - 1, n - 1])
+    thread.join()
+    assert not errors, errors
+    for step, i, handle in handles:
+        inputs = [rank_values((i + 1, 3), np.float64, k, 200 + 4 * step + i) for k in range(n)]
+        assert_reduced(hvd.synchronize(handle), reduce_expected(inputs, hvd.Sum))

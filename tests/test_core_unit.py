@@ -1,0 +1,258 @@
+"""Single-process unit tests of the core: imports, reduce ops, chunking, messages, init guard."""
+
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+import horovodlite as hvd
+from horovodlite import agreement, algorithms
+from horovodlite.algorithms.scratch import chunk_bounds
+from horovodlite.ops import ReduceOp, resolve_op
+
+# ---------------------------------------------------------------------------------------------
+# The core never imports a framework.
+
+BLOCKED_IMPORT_SCRIPT = textwrap.dedent(
+    """
+    import importlib, pkgutil, sys
+    # None in sys.modules makes `import torch` raise ImportError, wherever it happens.
+    for name in ("torch", "tensorflow", "keras", "jax"):
+        sys.modules[name] = None
+    import numpy as np
+    import horovodlite as hvd
+    failed = []
+    for module in pkgutil.walk_packages(hvd.__path__, "horovodlite."):
+        if module.name.endswith("__main__"):  # a CLI entry point runs when imported
+            continue
+        try:
+            importlib.import_module(module.name)
+        except ImportError as exc:
+            failed.append(f"{module.name}: {exc}")
+    # Running collectives must not import one either.
+    hvd.init()
+    assert hvd.allreduce(np.ones(3), op=hvd.Sum).tolist() == [1.0, 1.0, 1.0]
+    handle = hvd.allreduce_async(np.ones(2), name="a", op=hvd.Sum)
+    assert hvd.synchronize(handle).tolist() == [1.0, 1.0]
+    hvd.shutdown()
+    loaded = sorted(
+        name for name, module in sys.modules.items()
+        if module is not None and name.split(".")[0] in ("torch", "tensorflow", "keras", "jax")
+    )
+    print("FAILED", failed)
+    print("LOADED", loaded)
+    """
+)
+
+
+def test_core_imports_without_torch_or_tensorflow():
+    result = subprocess.run(
+        [sys.executable, "-c", BLOCKED_IMPORT_SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "FAILED []" in result.stdout, result.stdout
+    assert "LOADED []" in result.stdout, result.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Reduce ops and the deprecated average= argument.
+
+
+def test_resolve_op_defaults_and_spellings():
+    assert resolve_op(None, None) is ReduceOp.AVERAGE
+    assert resolve_op(None, None, default=ReduceOp.SUM) is ReduceOp.SUM
+    for op in ReduceOp:
+        assert resolve_op(op, None) is op
+        assert resolve_op(int(op), None) is op
+        assert resolve_op(op.name.lower(), None) is op
+    assert (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product) == tuple(
+        ReduceOp[name] for name in ("AVERAGE", "SUM", "ADASUM", "MIN", "MAX", "PRODUCT")
+    )
+
+
+def test_average_argument_is_deprecated():
+    with pytest.warns(DeprecationWarning, match="average= is deprecated: use op=Average"):
+        assert resolve_op(None, True) is ReduceOp.AVERAGE
+    with pytest.warns(DeprecationWarning):
+        assert resolve_op(None, False) is ReduceOp.SUM
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # op= alone warns about nothing
+        resolve_op(ReduceOp.SUM, None)
+
+
+def test_op_and_average_together_are_refused():
+    with pytest.raises(ValueError, match="either op= or the deprecated average=, not both"):
+        resolve_op(ReduceOp.SUM, True)
+    with pytest.raises(ValueError, match="not both"):
+        resolve_op(ReduceOp.AVERAGE, False)
+
+
+@pytest.mark.parametrize("op", ["median", 17, 2.5])
+def test_unknown_ops_are_refused(op):
+    with pytest.raises(ValueError, match="unknown reduce op .* use one of Average, Sum"):
+        resolve_op(op, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunk layouts and the choice of algorithm.
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 7, 8, 1000, 1001])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4, 7])
+def test_chunk_bounds(count, parts):
+    bounds = chunk_bounds(count, parts)
+    assert len(bounds) == parts
+    assert bounds[0][0] == 0 and bounds[-1][1] == count
+    assert all(bounds[i][1] == bounds[i + 1][0] for i in range(parts - 1))  # contiguous
+    sizes = [hi - lo for lo, hi in bounds]
+    base, extra = divmod(count, parts)
+    # Horovod's split: the first count % parts chunks hold one more element.
+    assert sizes == [base + 1] * extra + [base] * (parts - extra)
+
+
+def test_chunk_bounds_examples():
+    assert chunk_bounds(10, 4) == ((0, 3), (3, 6), (6, 8), (8, 10))
+    assert chunk_bounds(2, 3) == ((0, 1), (1, 2), (2, 2))
+
+
+def test_algorithm_choice(monkeypatch):
+    monkeypatch.delenv("HOROVODLITE_ALLREDUCE_ALGORITHM", raising=False)
+    f32, bf16 = np.dtype(np.float32), np.dtype("bfloat16")
+    small, large = algorithms.SMALL_MESSAGE_BYTES, algorithms.SMALL_MESSAGE_BYTES + 1
+    table = algorithms.ALLREDUCE
+    assert algorithms.requested_algorithm(None) is None
+    assert algorithms.requested_algorithm("auto") is None
+    assert algorithms.requested_algorithm("naive") == "naive"
+    assert algorithms.choose(None, table, small, f32, np) == "mpi"
+    assert algorithms.choose(None, table, large, f32, np) == "ring"
+    assert algorithms.choose("naive", table, large, f32, np) == "naive"
+    assert algorithms.choose("mpi", table, small, bf16, np) == "mpi"  # a user-defined MPI op
+    monkeypatch.setenv("HOROVODLITE_ALLREDUCE_ALGORITHM", "ring")
+    assert algorithms.requested_algorithm(None) == "ring"
+    assert algorithms.requested_algorithm("mpi") == "mpi"
+    with pytest.raises(ValueError, match="unknown algorithm 'tree': use one of ring, naive, mpi"):
+        algorithms.requested_algorithm("tree")
+    with pytest.raises(ValueError, match="not available here: use one of ring, mpi"):
+        algorithms.choose("naive", algorithms.REDUCESCATTER, 8, f32, np)
+
+
+# ---------------------------------------------------------------------------------------------
+# The mismatch message.
+
+
+def allreduce_fields(**changes) -> dict:
+    fields = {"collective": "allreduce", "name": "w", "dtype": "float32", "shape": (3,)}
+    return {**fields, **changes}
+
+
+def test_mismatch_message_names_ranks_and_values():
+    infos = [
+        (0, allreduce_fields(), None),
+        (1, allreduce_fields(), None),
+        (2, allreduce_fields(shape=(4,)), None),
+        (3, allreduce_fields(dtype="float64"), None),
+    ]
+    assert agreement.mismatch_message(infos) == (
+        "allreduce 'w': rank 3 sent dtype 'float64', ranks 0, 1, 2 sent 'float32'; "
+        "rank 2 sent shape (4,), ranks 0, 1, 3 sent (3,) (every rank must call the same "
+        "collectives, in the same order, with matching arguments)"
+    )
+
+
+def test_mismatch_message_reports_argument_errors():
+    infos = [
+        (0, allreduce_fields(name=None), None),
+        (1, allreduce_fields(name=None), "ValueError: root_rank 7 is out of range"),
+    ]
+    assert agreement.mismatch_message(infos) == (
+        "allreduce (unnamed): rank 1 failed before sending: ValueError: root_rank 7 is out of "
+        "range (every rank must call the same collectives, in the same order, with matching "
+        "arguments)"
+    )
+
+
+def test_mismatch_message_for_different_collectives():
+    infos = [
+        (0, allreduce_fields(name=None), None),
+        (1, {"collective": "broadcast", "name": None, "root_rank": 0}, None),
+    ]
+    text = agreement.mismatch_message(infos)
+    assert text.startswith("collective: ")
+    assert "rank 0 sent collective 'allreduce', rank 1 sent 'broadcast'" in text
+    assert "rank 0 sent root_rank None, rank 1 sent 0" in text
+
+
+def test_error_text_and_digest():
+    assert agreement.error_text(None) is None
+    assert agreement.error_text(TypeError("bad dtype")) == "TypeError: bad dtype"
+    fields = allreduce_fields()
+    assert agreement.digest(fields) == agreement.digest(dict(fields))
+    assert agreement.digest(fields) != agreement.digest(allreduce_fields(shape=(4,)))
+    assert agreement.digest(fields) != agreement.FAILED
+    assert agreement.describe(fields) == "allreduce 'w'"
+
+
+# ---------------------------------------------------------------------------------------------
+# Everything that needs init() says so.
+
+GETTERS = ["size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",
+           "is_homogeneous", "mpi_threads_supported"]  # fmt: skip
+
+x = np.ones(4, dtype=np.float32)
+COLLECTIVES = {
+    "allreduce": lambda: hvd.allreduce(x),
+    "allreduce_": lambda: hvd.allreduce_(x),
+    "grouped_allreduce": lambda: hvd.grouped_allreduce([x, x]),
+    "broadcast": lambda: hvd.broadcast(x, 0),
+    "broadcast_": lambda: hvd.broadcast_(x, 0),
+    "allgather": lambda: hvd.allgather(x),
+    "reducescatter": lambda: hvd.reducescatter(x),
+    "alltoall": lambda: hvd.alltoall(x),
+    "barrier": lambda: hvd.barrier(),
+    "broadcast_object": lambda: hvd.broadcast_object({"a": 1}),
+    "allgather_object": lambda: hvd.allgather_object(1),
+    "allreduce_async": lambda: hvd.allreduce_async(x),
+    "allreduce_async_": lambda: hvd.allreduce_async_(x),
+    "grouped_allreduce_async": lambda: hvd.grouped_allreduce_async([x]),
+    "allgather_async": lambda: hvd.allgather_async(x),
+    "broadcast_async": lambda: hvd.broadcast_async(x, 0),
+    "reducescatter_async": lambda: hvd.reducescatter_async(x),
+    "alltoall_async": lambda: hvd.alltoall_async(x),
+    "join": lambda: hvd.join(),
+    "start_timeline": lambda: hvd.start_timeline("/nonexistent/timeline.json"),
+    "add_process_set": lambda: hvd.add_process_set([0]),
+    "ProcessSet.rank": lambda: hvd.ProcessSet([0]).rank(),
+    "global_process_set.size": lambda: hvd.global_process_set.size(),
+}
+
+
+@pytest.fixture
+def not_initialized():
+    assert not hvd.is_initialized(), "another test in this process left horovodlite initialized"
+
+
+@pytest.mark.parametrize("getter", GETTERS)
+def test_getters_need_init(not_initialized, getter):
+    with pytest.raises(hvd.NotInitializedError, match=r"call hvd\.init\(\) first"):
+        getattr(hvd, getter)()
+
+
+@pytest.mark.parametrize("call", COLLECTIVES.values(), ids=COLLECTIVES.keys())
+def test_collectives_need_init(not_initialized, call):
+    with pytest.raises(hvd.NotInitializedError) as info:
+        call()
+    assert "horovodlite is not initialized: call hvd.init() first" in str(info.value)
+    assert isinstance(info.value, hvd.HorovodLiteError)
+    assert isinstance(info.value, RuntimeError)
+
+
+def test_facts_that_need_no_init(not_initialized):
+    assert hvd.is_initialized() is False
+    assert hvd.mpi_built() and hvd.mpi_enabled()
+    assert not hvd.gloo_enabled() and not hvd.rocm_built()
+    assert hvd.HorovodInternalError is hvd.HorovodLiteError
+    assert issubclass(hvd.MismatchError, hvd.HorovodLiteError)
+    hvd.shutdown()  # before init: nothing to release, and no error
