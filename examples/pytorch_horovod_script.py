@@ -136,7 +136,8 @@ def train(epoch):
             # Horovod: use train_sampler to determine the number of examples in
             # this worker's partition.
             print(
-                f"Train Epoch: {epoch} [{batch_idx * len(data)}/{len(train_sampler)} ({100.0 * batch_idx / len(train_loader):.0f}%)]\tLoss: {loss.item():.6f}"
+                f"Train Epoch: {epoch} [{batch_idx * len(data)}/{len(train_sampler)} "
+                f"({100.0 * batch_idx / len(train_loader):.0f}%)]\tLoss: {loss.item():.6f}"
             )
 
 
