@@ -38,7 +38,7 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps before each block")
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--mlp-width", type=int, default=4096)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: auto)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (0: auto)")
     parser.add_argument("--out", default=os.path.join(RESULTS, "torch_ddp.json"))
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -238,6 +238,7 @@ def main() -> None:
         return
     forwarded = list(sys.argv[1:])
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    load_before = os.getloadavg()
     jobs, counts = [], [1] + [int(n) for n in args.np.split(",") if int(n) > 1]
     for np in counts:
         part = f"{args.out}.np{np}.tmp"
@@ -257,6 +258,7 @@ def main() -> None:
             "processor": platform.processor() or platform.machine(),
             "python": platform.python_version(),
             "torch": torch.__version__,
+            "load_average_1min_before_after": [load_before[0], os.getloadavg()[0]],
         },
         "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "out")},
         "threads_per_rank": {job["np"]: job["threads"] for job in jobs},
