@@ -7,6 +7,7 @@ single "not initialized" guard.
 import atexit
 import sys
 import threading
+import time
 from typing import NamedTuple, Optional
 
 from mpi4py import MPI
@@ -164,6 +165,9 @@ def _at_exit() -> None:
             "aborting the job\n"
         )
         sys.stderr.flush()
+        # The abort tears the job down at once, and the launcher may drop output it has not
+        # forwarded yet (this line, the traceback): give it a moment on this failure path.
+        time.sleep(0.5)
         MPI.COMM_WORLD.Abort(1)
     shutdown()
 

@@ -168,9 +168,10 @@ def test_rank_that_raises_ends_the_job(waiting, module_runner):
     out = result.stdout
     assert result.returncode not in (0, -9), out
     assert "RuntimeError: rank 1 fails on purpose" in out
-    assert "(rank 1 in comm 0): application called MPI_Abort" in out, out
-    if not module_runner:  # horovodlite aborts the job itself; MPI_Finalize would hang
-        assert "horovodlite: rank 1 exits on an uncaught RuntimeError: aborting the job" in out
+    # horovodlite's exit handler names the rank, then waits a moment so that the launcher
+    # forwards the line before the abort; MPICH's own abort line and Hydra's report (by pid)
+    # may be lost or missing when the job is torn down, so they are not required.
+    assert "horovodlite: rank 1 exits on an uncaught RuntimeError: aborting the job" in out, out
     assert "was not stopped" not in out
 
 
@@ -180,9 +181,11 @@ def test_rank_killed_by_a_signal_ends_the_job(waiting, module_runner):
     result = job(3, "rank_dies.py", "kill", waiting, module_runner=module_runner)
     out = result.stdout
     assert result.returncode not in (0, -9), out
-    # MPICH's Hydra names the process by its pid, which the script printed with its rank.
-    pid = re.search(r"rank 1 ready, pid (\d+)", out).group(1)
-    assert f"PID {pid} RUNNING AT" in out, out
+    # MPICH's Hydra names a process by its pid, which the script printed with its rank. It
+    # names the first process it finds dead: usually rank 1, but under load it can be one it
+    # killed itself while cleaning up (seen in CI), so any rank's pid is accepted.
+    pids = dict(re.findall(r"rank (\d+) ready, pid (\d+)", out))
+    assert any(f"PID {pid} RUNNING AT" in out for pid in pids.values()), out
     assert "Killed (signal 9)" in out or "EXIT CODE: 9" in out, out
     assert "was not stopped" not in out
 
