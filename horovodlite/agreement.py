@@ -1,7 +1,8 @@
 """Agreement on a collective's metadata before any data moves.
 
 Every rank hashes what it is about to do (collective, name, dtype, shape, root, op, ...) and the
-ranks exchange the hashes in one small Allgather. If the hashes differ, or a rank found its own
+ranks compare the hashes in one small all-reduce (an Allgather where a per-rank integer such as
+allgather's row count travels with them). If the hashes differ, or a rank found its own
 arguments bad, the ranks exchange the full metadata and every rank raises: the rank at fault its
 own TypeError/ValueError, the others a MismatchError naming the ranks and values. So a mistake on
 one rank becomes an exception on all ranks instead of a hang or silently wrong data.
@@ -9,6 +10,7 @@ one rank becomes an exception on all ranks instead of a hang or silently wrong d
 
 import hashlib
 import os
+from typing import NoReturn
 
 import numpy as np
 from mpi4py import MPI
@@ -22,15 +24,17 @@ __all__ = [
     "describe",
     "digest",
     "error_text",
-    "metadata_check_enabled",
+    "explain",
+    "metadata_check_from_environment",
+    "same_everywhere",
     "mismatch_message",
 ]
 
 FAILED = 0  # the digest a rank sends when its own arguments were bad
 
 
-def metadata_check_enabled() -> bool:
-    """Return whether collectives check metadata first (HOROVODLITE_CHECK_METADATA, default on)."""
+def metadata_check_from_environment() -> bool:
+    """Return whether HOROVODLITE_CHECK_METADATA (default on) asks for the check (read by init)."""
     value = os.environ.get("HOROVODLITE_CHECK_METADATA", "1").strip().lower()
     return value not in ("0", "false", "no", "off")
 
@@ -99,35 +103,52 @@ def agree(comm, fields: dict, error: Exception = None, payload: int = None):
     """Check that all ranks of `comm` submit the same `fields`; return every rank's `payload`.
 
     `payload` is one integer that may differ per rank by design (allgather's first dimension);
-    when given, the returned array holds every rank's, else None is returned.
+    when given, the returned list holds every rank's, else None is returned.
 
     Raises:
         `error` on the rank that passed one; MismatchError on every other rank when any rank
         passed an error or the fields differ.
     """
-    if not metadata_check_enabled():
+    if not current().check_metadata:
         if error is not None:
             raise error
         if payload is None:
             return None
         payloads = np.empty(comm.size, dtype=np.int64)
         comm.Allgather(np.array([payload], dtype=np.int64), payloads)
-        return payloads
+        return payloads.tolist()
     own = FAILED if error is not None else digest(fields)
     if payload is None:
-        # One all-reduce finds the smallest and largest digest: equal means all ranks agree.
-        extremes = np.array([own, -own], dtype=np.int64)
-        comm.Allreduce(MPI.IN_PLACE, extremes, op=MPI.MIN)
-        if extremes[0] != FAILED and extremes[0] == -extremes[1]:
+        if same_everywhere(comm, own):
             return None
     else:
-        mine = np.array([own, payload], dtype=np.int64)
-        everyone = np.empty((comm.size, 2), dtype=np.int64)
-        comm.Allgather(mine, everyone)
-        digests = everyone[:, 0]
-        if digests[0] != FAILED and (digests == digests[0]).all():
-            return everyone[:, 1]
-    # Slow path, taken only on a mistake: gather everything and explain it.
+        everyone = np.empty(2 * comm.size, dtype=np.int64)
+        comm.Allgather(np.array([own, payload], dtype=np.int64), everyone)
+        values = everyone.tolist()
+        digests, payloads = values[0::2], values[1::2]
+        if digests[0] != FAILED and digests.count(digests[0]) == len(digests):
+            return payloads
+    explain(comm, fields, error)
+
+
+def same_everywhere(comm, own: int) -> bool:
+    """Return whether every rank of `comm` sent the digest `own` (and none sent FAILED).
+
+    One all-reduce finds the smallest and the largest digest: equal means all ranks agree.
+    Every rank gets the same answer, so on False all of them go on to explain().
+    """
+    extremes = np.array([own, -own], dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, extremes, op=MPI.MIN)
+    lowest, negated_highest = extremes.tolist()
+    return lowest != FAILED and lowest == -negated_highest
+
+
+def explain(comm, fields: dict, error: Exception = None) -> NoReturn:
+    """After a failed check: gather every rank's fields and raise on every rank.
+
+    Raises:
+        `error` on a rank that passed one, MismatchError naming ranks and values on the others.
+    """
     infos = comm.allgather((fields, error_text(error)))
     if error is not None:
         raise error

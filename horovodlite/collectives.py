@@ -6,24 +6,31 @@ same plans asynchronously. Argument errors found on one rank travel with the pla
 on every rank after the agreement step, so a mistake never leaves the other ranks waiting.
 """
 
+import itertools
+import math
 import operator
 from contextlib import nullcontext
 
 import numpy as np
+from mpi4py import MPI
 
 from . import algorithms
+from .agreement import digest, explain, same_everywhere
+from .algorithms.native import MPI_OPS
 from .algorithms.scratch import chunk_bounds, scratch
 from .buffers import (
     DTYPE_NAMES,
     array_module,
     as_array,
     cuda_aware_mpi,
+    native_mpi_type,
     synchronize_device,
     wire_type,
 )
 from .ops import ReduceOp, resolve_op
 from .plan import Plan, run_now
 from .process_sets import communicator, global_process_set
+from .state import current
 
 __all__ = [
     "allreduce",
@@ -217,6 +224,21 @@ def fused_allreduce(comm, entries: list, timeline=None) -> list:
     return results
 
 
+def _allreduce_fields(name, array, op, prescale, postscale, requested, on_host: bool) -> dict:
+    """Return what the ranks must agree on for an all-reduce (agreement.py)."""
+    return {
+        "collective": "allreduce",
+        "name": name,
+        "dtype": DTYPE_NAMES[array.dtype],
+        "shape": tuple(array.shape),
+        "op": getattr(op, "name", None),
+        "prescale_factor": float(prescale),
+        "postscale_factor": float(postscale),
+        "algorithm": requested,
+        "device": "cpu" if on_host else "cuda",
+    }
+
+
 def allreduce_plan(
     tensor,
     op=None,
@@ -230,27 +252,20 @@ def allreduce_plan(
 ) -> Plan:
     """Return the Plan of an all-reduce; see allreduce() for the arguments."""
     comm, _, array, xp, bad_input = _prepare(tensor, process_set)
+    state = current()
 
     def parse():
         resolved = resolve_op(op, average)
         _check_reduction(array, resolved, prescale_factor, postscale_factor)
         if inplace:
             _check_writable(array, "allreduce_")
-        return resolved, algorithms.requested_algorithm(algorithm)
+        return resolved, algorithms.requested_algorithm(algorithm, state.allreduce_algorithm)
 
     parsed, error = _checked(parse, bad_input)
     resolved, requested = parsed or (None, None)
-    fields = {
-        "collective": "allreduce",
-        "name": name,
-        "dtype": DTYPE_NAMES[array.dtype],
-        "shape": tuple(array.shape),
-        "op": getattr(resolved, "name", None),
-        "prescale_factor": float(prescale_factor),
-        "postscale_factor": float(postscale_factor),
-        "algorithm": requested,
-        "device": "cpu" if xp is np else "cuda",
-    }
+    fields = _allreduce_fields(
+        name, array, resolved, prescale_factor, postscale_factor, requested, xp is np
+    )
     entry = None
     if error is None:
         entry = FusionEntry(
@@ -264,6 +279,58 @@ def allreduce_plan(
         execute=lambda comm, _: fused_allreduce(comm, [entry])[0],
         fusion=entry,
     )
+
+
+# The short way for small host arrays. A small all-reduce is bound by latency: building a Plan,
+# its closures and a working copy cost more than MPICH's whole all-reduce (docs/benchmarks.md).
+# This path makes the same check (the digest of the same fields, so ranks on either path match)
+# and the same MPI call as the general one, with as little Python as possible.
+
+_short_digests: dict = {}  # (name, dtype, shape, op, algorithm) -> digest of _allreduce_fields
+
+
+def _short_allreduce(tensor, op, name, scaled: bool, process_set, algorithm, inplace: bool):
+    """All-reduce a small contiguous numpy array on all ranks; return None to go the general way.
+
+    `scaled` is whether a prescale/postscale factor other than 1 or `average=` was given.
+    """
+    if (
+        type(tensor) is not np.ndarray
+        or scaled
+        or process_set is not global_process_set
+        or tensor.nbytes > algorithms.SMALL_MESSAGE_BYTES
+        or not tensor.flags.c_contiguous
+        or (inplace and not tensor.flags.writeable)
+    ):
+        return None
+    state = current()
+    requested = state.allreduce_algorithm if algorithm is None else algorithm
+    if requested not in (None, "mpi"):
+        return None
+    if op is None:
+        op = ReduceOp.AVERAGE
+    elif type(op) is not ReduceOp or op == ReduceOp.ADASUM:
+        return None
+    mpi_type = native_mpi_type(tensor.dtype)
+    if mpi_type is None:  # float16, bfloat16, bool: reduced by a user-defined op
+        return None
+    comm = state.comm
+    if state.check_metadata:
+        key = (name, tensor.dtype, tensor.shape, op, requested)
+        own = _short_digests.get(key)
+        if own is None:
+            fields = _allreduce_fields(name, tensor, op, 1.0, 1.0, requested, True)
+            own = _short_digests[key] = digest(fields)
+            if len(_short_digests) > 4096:  # names that change every step
+                _short_digests.clear()
+        if not same_everywhere(comm, own):
+            explain(comm, _allreduce_fields(name, tensor, op, 1.0, 1.0, requested, True))
+    out = tensor if inplace else np.empty_like(tensor)
+    send = MPI.IN_PLACE if inplace else [tensor, mpi_type]
+    comm.Allreduce(send, [out, mpi_type], MPI_OPS[op])
+    if op == ReduceOp.AVERAGE:
+        _scale(np, out, 1.0 / comm.size)
+    return out
 
 
 def allreduce(
@@ -294,6 +361,10 @@ def allreduce(
         TypeError, ValueError: bad arguments on this rank (raised on every rank).
         HorovodLiteError: the ranks' arguments disagree, or another rank's were bad.
     """
+    scaled = prescale_factor != 1.0 or postscale_factor != 1.0 or average is not None
+    out = _short_allreduce(tensor, op, name, scaled, process_set, algorithm, inplace=False)
+    if out is not None:
+        return out
     return run_now(
         allreduce_plan(
             tensor, op, name, prescale_factor, postscale_factor, process_set, algorithm, average
@@ -312,6 +383,10 @@ def allreduce_(
     average=None,
 ):
     """In-place allreduce(): write the result into `tensor` and return it."""
+    scaled = prescale_factor != 1.0 or postscale_factor != 1.0 or average is not None
+    out = _short_allreduce(tensor, op, name, scaled, process_set, algorithm, inplace=True)
+    if out is not None:
+        return out
     return run_now(
         allreduce_plan(
             tensor,
@@ -397,7 +472,7 @@ def reducescatter_plan(
         resolved = resolve_op(op, None)
         _check_rows(array, "reducescatter")
         _check_reduction(array, resolved, prescale_factor, postscale_factor)
-        requested = algorithms.requested_algorithm(algorithm)
+        requested = algorithms.requested_algorithm(algorithm, current().allreduce_algorithm)
         if requested not in (None, *algorithms.REDUCESCATTER):
             raise ValueError(
                 f"reducescatter has no {requested!r} algorithm: use "
@@ -420,7 +495,7 @@ def reducescatter_plan(
 
     def execute(comm, _):
         buf, module = _flat_work(array, xp, copy=True)
-        row = int(np.prod(array.shape[1:], dtype=np.int64))
+        row = math.prod(array.shape[1:])
         rows = chunk_bounds(array.shape[0], comm.size)
         bounds = tuple((lo * row, hi * row) for lo, hi in rows)
         chosen = algorithms.choose(
@@ -499,8 +574,8 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     return run_now(broadcast_plan(tensor, root_rank, name, process_set, inplace=True))
 
 
-def _displacements(counts) -> list:
-    return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64).tolist()
+def _displacements(counts: list) -> list:
+    return [0, *itertools.accumulate(counts[:-1])]
 
 
 def allgather_plan(tensor, name=None, process_set=global_process_set) -> Plan:
@@ -516,12 +591,12 @@ def allgather_plan(tensor, name=None, process_set=global_process_set) -> Plan:
 
     def execute(comm, rows):
         buf, module = _flat_work(array, xp, copy=False)
-        row = int(np.prod(array.shape[1:], dtype=np.int64))
-        counts = (rows * row).tolist()
-        out = module.empty(int(rows.sum()) * row, dtype=array.dtype)
+        row = math.prod(array.shape[1:])
+        counts = [r * row for r in rows]
+        out = module.empty(sum(counts), dtype=array.dtype)
         wire = wire_type(array.dtype)
         comm.Allgatherv([buf, wire], [out, (counts, _displacements(counts)), wire])
-        return _deliver(out, array, xp, False, (int(rows.sum()), *array.shape[1:]))
+        return _deliver(out, array, xp, False, (sum(rows), *array.shape[1:]))
 
     payload = array.shape[0] if array.ndim else 0
     return Plan(fields, _set_id(process_set), comm, error, payload=payload, execute=execute)
@@ -579,7 +654,7 @@ def alltoall_plan(tensor, splits=None, name=None, process_set=global_process_set
         received_splits = np.empty(comm.size, dtype=np.int64)
         comm.Alltoall(send_splits, received_splits)
         buf, module = _flat_work(array, xp, copy=False)
-        row = int(np.prod(array.shape[1:], dtype=np.int64))
+        row = math.prod(array.shape[1:])
         send_counts, recv_counts = (send_splits * row).tolist(), (received_splits * row).tolist()
         out = module.empty(int(received_splits.sum()) * row, dtype=array.dtype)
         wire = wire_type(array.dtype)

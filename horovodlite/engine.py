@@ -421,7 +421,7 @@ class Engine:
             else:
                 payloads = None
                 if plan.payload is not None:
-                    payloads = np.array(comm.allgather(plan.payload), dtype=np.int64)
+                    payloads = comm.allgather(plan.payload)
                 if timeline is None:
                     results = [plan.execute(comm, payloads)]
                 else:

@@ -52,6 +52,13 @@ class State:
     """
 
     def __init__(self, user_comm: MPI.Comm):
+        from .agreement import metadata_check_from_environment  # both build on this module
+        from .algorithms import algorithm_from_environment
+
+        # Settings are read once, first (a bad value fails before any communicator exists): an
+        # environment lookup per call would cost more than a small all-reduce may.
+        self.check_metadata = metadata_check_from_environment()
+        self.allreduce_algorithm = algorithm_from_environment()
         self.comm = user_comm.Dup()
         self.local_comm = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.comm.rank)
         self.cross_comm = self.comm.Split(color=self.local_comm.rank, key=self.comm.rank)

@@ -130,9 +130,16 @@ def test_algorithm_choice(monkeypatch):
     assert algorithms.choose(None, table, large, f32, np) == "ring"
     assert algorithms.choose("naive", table, large, f32, np) == "naive"
     assert algorithms.choose("mpi", table, small, bf16, np) == "mpi"  # a user-defined MPI op
+    assert algorithms.requested_algorithm(None, default="ring") == "ring"
+    assert algorithms.requested_algorithm("mpi", default="ring") == "mpi"
+    assert algorithms.algorithm_from_environment() is None
     monkeypatch.setenv("HOROVODLITE_ALLREDUCE_ALGORITHM", "ring")
-    assert algorithms.requested_algorithm(None) == "ring"
-    assert algorithms.requested_algorithm("mpi") == "mpi"
+    assert algorithms.algorithm_from_environment() == "ring"
+    monkeypatch.setenv("HOROVODLITE_ALLREDUCE_ALGORITHM", "auto")
+    assert algorithms.algorithm_from_environment() is None
+    monkeypatch.setenv("HOROVODLITE_ALLREDUCE_ALGORITHM", "tree")
+    with pytest.raises(ValueError, match="HOROVODLITE_ALLREDUCE_ALGORITHM='tree': unknown algo"):
+        algorithms.algorithm_from_environment()
     with pytest.raises(ValueError, match="unknown algorithm 'tree': use one of ring, naive, mpi"):
         algorithms.requested_algorithm("tree")
     with pytest.raises(ValueError, match="not available here: use one of ring, mpi"):

@@ -14,6 +14,7 @@ __all__ = [
     "ALLREDUCE",
     "REDUCESCATTER",
     "SMALL_MESSAGE_BYTES",
+    "algorithm_from_environment",
     "choose",
     "requested_algorithm",
 ]
@@ -27,11 +28,24 @@ REDUCESCATTER = {"ring": ring_reducescatter, "mpi": mpi_reducescatter}
 SMALL_MESSAGE_BYTES = 1024 * 1024
 
 
-def requested_algorithm(algorithm):
-    """Return the algorithm asked for by argument or HOROVODLITE_ALLREDUCE_ALGORITHM, or None."""
+def algorithm_from_environment():
+    """Return the default that HOROVODLITE_ALLREDUCE_ALGORITHM sets (None: choose by size).
+
+    init() reads it once; reading the environment on every call costs more than a small
+    all-reduce is allowed to.
+    """
+    value = os.environ.get("HOROVODLITE_ALLREDUCE_ALGORITHM") or None
+    try:
+        return requested_algorithm(value)
+    except ValueError as exc:
+        raise ValueError(f"HOROVODLITE_ALLREDUCE_ALGORITHM={value!r}: {exc}") from None
+
+
+def requested_algorithm(algorithm, default=None):
+    """Return the algorithm asked for by argument, else `default`; None means choose by size."""
     if algorithm is None:
-        algorithm = os.environ.get("HOROVODLITE_ALLREDUCE_ALGORITHM") or None
-    if algorithm is not None and algorithm != "auto" and algorithm not in ALLREDUCE:
+        return default
+    if algorithm != "auto" and algorithm not in ALLREDUCE:
         raise ValueError(
             f"unknown algorithm {algorithm!r}: use one of {', '.join(ALLREDUCE)} or 'auto'"
         )

@@ -12,9 +12,9 @@ from mpi4py import MPI
 from ..buffers import native_mpi_type, wire_type
 from ..ops import ReduceOp, reduce_into
 
-__all__ = ["mpi_allreduce", "mpi_reducescatter", "supports"]
+__all__ = ["MPI_OPS", "mpi_allreduce", "mpi_reducescatter", "supports"]
 
-_MPI_OP = {
+MPI_OPS = {  # the MPI library's op for each ReduceOp it can apply itself
     ReduceOp.AVERAGE: MPI.SUM,
     ReduceOp.SUM: MPI.SUM,
     ReduceOp.MIN: MPI.MIN,
@@ -35,7 +35,7 @@ def _user_op(dtype: np.dtype, op: ReduceOp) -> MPI.Op:
 def _datatype_and_op(dtype: np.dtype, op: ReduceOp):
     mpi_type = native_mpi_type(dtype)
     if mpi_type is not None:
-        return mpi_type, _MPI_OP[op]
+        return mpi_type, MPI_OPS[op]
     return wire_type(dtype), _user_op(dtype, op)
 
 

@@ -136,9 +136,21 @@ class Horovodlite(Contender):
     """horovodlite's public collectives with a fixed `algorithm=` (None for the default)."""
 
     def __init__(self, name: str, comm):
-        env = {"HOROVODLITE_CHECK_METADATA": "0"} if name == "auto-nocheck" else None
-        super().__init__(name, comm, env)
+        super().__init__(name, comm)
         self.algorithm = None if name.startswith("auto") else name
+
+    @contextlib.contextmanager
+    def environment(self):
+        """auto-nocheck: what HOROVODLITE_CHECK_METADATA=0 does (init() reads the variable)."""
+        import horovodlite
+
+        state = horovodlite.state.current()
+        saved = state.check_metadata
+        state.check_metadata = saved and self.name != "auto-nocheck"
+        try:
+            yield
+        finally:
+            state.check_metadata = saved
 
     def supports(self, collective: str) -> bool:
         return collective in _HOROVODLITE_SUPPORT[self.name]

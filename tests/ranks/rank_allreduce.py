@@ -18,7 +18,7 @@ from oracle import (
 )
 
 import horovodlite as hvd
-from horovodlite import algorithms
+from horovodlite import algorithms, collectives
 
 
 def forms(x, **kwargs):
@@ -204,10 +204,25 @@ class Spy:
         return self.function(*args)
 
 
+class ShortPathSpy:
+    """Count the all-reduces that took the short path to MPI_Allreduce (collectives.py)."""
+
+    def __init__(self, spy: Spy, function):
+        self.spy, self.function = spy, function
+
+    def __call__(self, *args, **kwargs):
+        out = self.function(*args, **kwargs)
+        self.spy.calls += out is not None
+        return out
+
+
 def spy_on_algorithms(monkeypatch) -> dict:
+    """Count each algorithm's runs; "mpi" counts the short path's MPI_Allreduce calls too."""
     spies = {name: Spy(function) for name, function in algorithms.ALLREDUCE.items()}
     for name, spy in spies.items():
         monkeypatch.setitem(algorithms.ALLREDUCE, name, spy)
+    short = ShortPathSpy(spies["mpi"], collectives._short_allreduce)
+    monkeypatch.setattr(collectives, "_short_allreduce", short)
     return spies
 
 
@@ -230,23 +245,56 @@ def test_requested_algorithm_runs(monkeypatch):
     assert spies["ring"].calls == 1
 
 
+def reinit() -> None:
+    """Shut down and initialize again: init() reads the environment."""
+    hvd.shutdown()
+    hvd.init()
+
+
 def test_algorithm_from_environment(monkeypatch):
     spies = spy_on_algorithms(monkeypatch)
     n = hvd.size()
     x = np.ones(6, dtype=np.int64)
     monkeypatch.setenv("HOROVODLITE_ALLREDUCE_ALGORITHM", "naive")
     np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Sum), np.full(6, n))
+    assert spies["naive"].calls == 0  # read by init(), not per call
+    reinit()
+    np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Sum), np.full(6, n))
     assert spies["naive"].calls == 1
     # An explicit argument wins over the environment.
     np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Sum, algorithm="ring"), np.full(6, n))
     assert (spies["naive"].calls, spies["ring"].calls) == (1, 1)
     monkeypatch.setenv("HOROVODLITE_ALLREDUCE_ALGORITHM", "auto")
+    reinit()
     hvd.allreduce(x, op=hvd.Sum)
-    assert (spies["naive"].calls, spies["ring"].calls, spies["mpi"].calls) == (1, 1, 1)
+    assert (spies["naive"].calls, spies["ring"].calls) == (1, 1)  # small: MPI_Allreduce
     monkeypatch.setenv("HOROVODLITE_ALLREDUCE_ALGORITHM", "butterfly")
-    with pytest.raises(ValueError, match="unknown algorithm 'butterfly'"):
-        hvd.allreduce(x, op=hvd.Sum)
+    hvd.shutdown()
+    with pytest.raises(ValueError, match="HOROVODLITE_ALLREDUCE_ALGORITHM='butterfly': unknown"):
+        hvd.init()
+    assert not hvd.is_initialized()
     monkeypatch.delenv("HOROVODLITE_ALLREDUCE_ALGORITHM")
+    hvd.init()
+    still_in_step()
+
+
+def test_unchecked_allreduce(monkeypatch):
+    """HOROVODLITE_CHECK_METADATA=0: no agreement round, the same results."""
+    monkeypatch.setenv("HOROVODLITE_CHECK_METADATA", "0")
+    reinit()
+    try:
+        assert not hvd.state.current().check_metadata
+        n, r = hvd.size(), hvd.rank()
+        for count in (0, 1, 5, 1000):
+            x = np.full(count, r + 1, dtype=np.float64)
+            expected = np.full(count, n * (n + 1) / 2)
+            np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Sum), expected)
+            big = np.full(algorithms.SMALL_MESSAGE_BYTES // 8 + 3, r, dtype=np.float64)
+            np.testing.assert_allclose(hvd.allreduce(big), np.full(big.size, (n - 1) / 2))
+    finally:
+        monkeypatch.delenv("HOROVODLITE_CHECK_METADATA")
+        reinit()
+    assert hvd.state.current().check_metadata
     still_in_step()
 
 
