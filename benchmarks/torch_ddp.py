@@ -18,11 +18,10 @@ timed on every rank; the slowest rank's time counts, and the median over all blo
 import argparse
 import json
 import os
-import platform
-import statistics
-import subprocess
 import sys
 import time
+
+from training_jobs import machine, rank_counts, run_jobs, slowest_rank, summary, table
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 CONTENDERS = ("local", "hvd", "hvd-nofusion", "hvd-after", "ddp")
@@ -105,16 +104,6 @@ class Trainer:
         self.optimizer.step()
 
 
-def max_over_ranks(comm, values: list) -> list:
-    import numpy as np
-    from mpi4py import MPI
-
-    local = np.asarray(values, dtype=np.float64)
-    out = np.empty_like(local)
-    comm.Allreduce(local, out, op=MPI.MAX)
-    return out.tolist()
-
-
 def worker(args) -> None:
     import horovodlite.torch as hvd
     import torch
@@ -164,7 +153,7 @@ def worker(args) -> None:
                     (a - b).abs().max().item()
                     for a, b in zip(trainers[name].model.parameters(), reference.model.parameters())
                 )
-                checks[f"{kind}:{name} vs {reference.contender}"] = max_over_ranks(comm, [diff])[0]
+                checks[f"{kind}:{name} vs {reference.contender}"] = slowest_rank(comm, [diff])[0]
 
         times = {c: [] for c in contenders}
         for round_ in range(args.rounds):
@@ -180,23 +169,10 @@ def worker(args) -> None:
                     start = time.perf_counter()
                     trainer.step(x, y)
                     block.append(time.perf_counter() - start)
-                times[contender].extend(max_over_ranks(comm, block))
+                times[contender].extend(slowest_rank(comm, block))
         engine.fusion_threshold = default_threshold
         params = sum(p.numel() for p in trainers[contenders[0]].model.parameters())
-        for contender, values in times.items():
-            ordered = sorted(values)
-            results.append(
-                {
-                    "np": size,
-                    "model": kind,
-                    "parameters": params,
-                    "contender": contender,
-                    "median_ms": 1e3 * statistics.median(values),
-                    "p10_ms": 1e3 * ordered[len(ordered) // 10],
-                    "p90_ms": 1e3 * ordered[(9 * len(ordered)) // 10],
-                    "steps": len(values),
-                }
-            )
+        results += [summary(size, kind, params, c, values) for c, values in times.items()]
         del trainers
     if rank == 0:
         with open(args.worker, "w") as f:
@@ -208,58 +184,20 @@ def worker(args) -> None:
 # -- the driver: one job per rank count, then the table --------------------------------------
 
 
-def mpiexec(np: int) -> list:
-    here = os.path.dirname(sys.executable)
-    launcher = os.path.join(here, "mpiexec")
-    launcher = launcher if os.path.exists(launcher) else "mpiexec"
-    version = subprocess.run([launcher, "--version"], capture_output=True, text=True).stdout
-    if "Open MPI" in version:
-        return [launcher, "--allow-run-as-root", "--oversubscribe", "-n", str(np)]
-    return [launcher, "-n", str(np)]
-
-
-def table(results: list) -> str:
-    rows = {}
-    for r in results:
-        rows.setdefault((r["model"], r["np"]), {})[r["contender"]] = r["median_ms"]
-    header = ["model", "np", *CONTENDERS, "hvd/ddp"]
-    lines = [" | ".join(header), " | ".join("---" for _ in header)]
-    for (model, np), by in sorted(rows.items()):
-        ratio = by["hvd"] / by["ddp"] if "hvd" in by and "ddp" in by else None
-        cells = [f"{by[c]:.1f}" if c in by else "" for c in CONTENDERS]
-        lines.append(" | ".join([model, str(np), *cells, f"{ratio:.2f}" if ratio else ""]))
-    return "\n".join(f"| {line} |" for line in lines)
-
-
 def main() -> None:
     args = parse_args()
     if args.worker:
         worker(args)
         return
-    forwarded = list(sys.argv[1:])
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     load_before = os.getloadavg()
-    jobs, counts = [], [1] + [int(n) for n in args.np.split(",") if int(n) > 1]
-    for np in counts:
-        part = f"{args.out}.np{np}.tmp"
-        argv = mpiexec(np) + [sys.executable, "-m", "mpi4py", os.path.abspath(__file__)]
-        print(f"running {np} rank(s) ...", flush=True)
-        subprocess.run(argv + forwarded + ["--worker", part], check=True, timeout=3600)
-        with open(part) as f:
-            jobs.append(json.load(f))
-        os.remove(part)
+    jobs = run_jobs(__file__, rank_counts(args.np), sys.argv[1:], args.out, timeout=3600)
     import torch
 
     report = {
         "benchmark": "torch_ddp",
         "command": " ".join(["python", "benchmarks/torch_ddp.py", *sys.argv[1:]]),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "load_average_1min_before_after": [load_before[0], os.getloadavg()[0]],
-        },
+        "machine": machine(load_before, torch=torch.__version__),
         "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "out")},
         "threads_per_rank": {job["np"]: job["threads"] for job in jobs},
         "equivalence_checks_max_abs_diff": {
@@ -269,7 +207,7 @@ def main() -> None:
     }
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
-    print(table(report["results"]))
+    print(table(report["results"], CONTENDERS, ratio=("hvd", "ddp")))
     print(f"median step time in ms; written to {args.out}")
 
 

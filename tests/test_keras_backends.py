@@ -4,7 +4,10 @@ KERAS_BACKEND is read once, when Keras is first imported, so the torch run needs
 own; tests/test_ranks.py already runs the module on the default (tensorflow) backend.
 """
 
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 from mpirun import run_ranks
@@ -25,3 +28,19 @@ def test_keras_module_on_the_torch_backend():
     )  # fmt: skip
     assert result.returncode == 0, f"rank_keras.py failed on torch:\n{result.stdout[-20000:]}"
     assert " passed" in result.stdout
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_one_rank_adds_no_communication(backend):
+    pytest.importorskip("keras")
+    pytest.importorskip(backend)
+    script = pathlib.Path(__file__).parent / "jobs" / "size_one_gradients.py"
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "KERAS_BACKEND": backend},
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and "OK" in result.stdout, output[-5000:]

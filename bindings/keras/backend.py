@@ -84,6 +84,9 @@ class GradientReducer:
 
     def _torch(self, grads: list) -> list:
         grads = list(grads)
+        if self.process_set.size() == 1 and self.process_set.included():  # as in hvd.tensorflow
+            scale = self.prescale * self.postscale
+            return [g if g is None or scale == 1.0 else g * scale for g in grads]
         present = [i for i, g in enumerate(grads) if g is not None]
         compressed = {i: self.compression.compress(grads[i]) for i in present}
         groups: dict = {}

@@ -67,18 +67,33 @@ class GradientReducer:
             if self.sparse_as_dense and isinstance(grad, tf.IndexedSlices):
                 grad = tf.convert_to_tensor(grad)
             tensors.append(grad)
-        reduced = grouped_allreduce(
-            tensors,
-            compression=self.compression,
-            op=self.op,
-            prescale_factor=self.prescale,
-            postscale_factor=self.postscale,
-            process_set=self.process_set,
-        )
+        if self.process_set.size() == 1 and self.process_set.included():
+            # Alone in the set, the reduction is the identity for Sum and Average: no op, no
+            # engine request, as the torch DistributedOptimizer adds no hook. Only the scale
+            # that backward_passes_per_step folds into postscale_factor is left to apply.
+            reduced = [_scaled(t, self.prescale * self.postscale) for t in tensors]
+        else:
+            reduced = grouped_allreduce(
+                tensors,
+                compression=self.compression,
+                op=self.op,
+                prescale_factor=self.prescale,
+                postscale_factor=self.postscale,
+                process_set=self.process_set,
+            )
         out = list(grads)
         for i, grad in zip(present, reduced):
             out[i] = grad
         return out
+
+
+def _scaled(grad, factor: float):
+    if factor == 1.0:
+        return grad
+    if isinstance(grad, tf.IndexedSlices):
+        values = grad.values * tf.cast(factor, grad.values.dtype)
+        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)
 
 
 def DistributedGradientTape(

@@ -1,0 +1,88 @@
+"""What the training-step benchmarks (torch_ddp.py, keras_fit.py) share.
+
+The driver runs the benchmark script once per rank count under the installed mpiexec (the
+script's worker writes its results to a JSON file named by `--worker`); inside a job the step
+time that counts is the slowest rank's; the report records the machine and its load.
+"""
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+
+
+def run_jobs(script: str, counts: list, forwarded: list, out: str, timeout: float) -> list:
+    """Run `script ... --worker PART` on each rank count; return the jobs' JSON, in order."""
+    from horovodlite.run.hosts import default_hosts
+    from horovodlite.run.mpi_launcher import build_command, detect_flavour, find_mpiexec
+
+    mpiexec = find_mpiexec()
+    flavour = detect_flavour(mpiexec)
+    jobs = []
+    for np in counts:
+        part = f"{out}.np{np}.tmp"
+        command = [sys.executable, "-m", "mpi4py", os.path.abspath(script), *forwarded]
+        argv = build_command(flavour, mpiexec, np, default_hosts(np), command + ["--worker", part])
+        print(f"running {np} rank(s) ...", flush=True)
+        subprocess.run(argv, check=True, timeout=timeout)
+        with open(part) as f:
+            jobs.append(json.load(f))
+        os.remove(part)
+    return jobs
+
+
+def rank_counts(text: str) -> list:
+    """'2,4' -> [1, 2, 4]: the single process always runs, as the baseline."""
+    return [1] + [n for n in (int(part) for part in text.split(",")) if n > 1]
+
+
+def slowest_rank(comm, seconds: list) -> list:
+    """Element-wise maximum over the ranks of `comm` (every rank gets it)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    local = np.asarray(seconds, dtype=np.float64)
+    out = np.empty_like(local)
+    comm.Allreduce(local, out, op=MPI.MAX)
+    return out.tolist()
+
+
+def summary(np: int, model: str, parameters: int, contender: str, seconds: list) -> dict:
+    """One result row: median and 10th/90th percentiles of the step times, in ms."""
+    ordered = sorted(seconds)
+    return {
+        "np": np,
+        "model": model,
+        "parameters": parameters,
+        "contender": contender,
+        "median_ms": 1e3 * statistics.median(ordered),
+        "p10_ms": 1e3 * ordered[len(ordered) // 10],
+        "p90_ms": 1e3 * ordered[(9 * len(ordered)) // 10],
+        "steps": len(ordered),
+    }
+
+
+def machine(load_before: tuple, **versions) -> dict:
+    return {
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        **versions,
+        "load_average_1min_before_after": [load_before[0], os.getloadavg()[0]],
+    }
+
+
+def table(results: list, contenders: tuple, ratio: tuple) -> str:
+    """A markdown table of median step times per (model, np), with ratio[0] / ratio[1]."""
+    rows = {}
+    for r in results:
+        rows.setdefault((r["model"], r["np"]), {})[r["contender"]] = r["median_ms"]
+    header = ["model", "np", *contenders, "/".join(ratio)]
+    lines = [" | ".join(header), " | ".join("---" for _ in header)]
+    for (model, np), by in sorted(rows.items()):
+        value = by[ratio[0]] / by[ratio[1]] if ratio[0] in by and ratio[1] in by else None
+        cells = [f"{by[c]:.1f}" if c in by else "" for c in contenders]
+        lines.append(" | ".join([model, str(np), *cells, f"{value:.2f}" if value else ""]))
+    return "\n".join(f"| {line} |" for line in lines)

@@ -1,0 +1,61 @@
+"""The training-step benchmarks run end to end on 2 ranks (tiny models, a few steps).
+
+Their timings are not checked (speed is measured, never asserted); what is: every contender
+reports a step time at each rank count, and the contenders train the same weights.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
+TINY = ["--np", "2", "--models", "mlp", "--mlp-width", "32", "--rounds", "1", "--steps", "2",
+        "--warmup", "1"]  # fmt: skip
+
+
+def run_benchmark(script: str, out: pathlib.Path) -> dict:
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *TINY, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    assert "median step time in ms" in result.stdout
+    return json.loads(out.read_text())
+
+
+def contenders_by_np(report: dict) -> dict:
+    found: dict = {}
+    for row in report["results"]:
+        assert row["median_ms"] > 0 and row["steps"] == 2 and row["model"] == "mlp"
+        found.setdefault(row["np"], set()).add(row["contender"])
+    return found
+
+
+@pytest.mark.mpi
+def test_torch_ddp_benchmark(tmp_path):
+    pytest.importorskip("torch")
+    report = run_benchmark("torch_ddp.py", tmp_path / "torch_ddp.json")
+    assert contenders_by_np(report) == {
+        1: {"local"},
+        2: {"local", "hvd", "hvd-nofusion", "hvd-after", "ddp"},
+    }
+    checks = report["equivalence_checks_max_abs_diff"]
+    assert set(checks) == {"np2 mlp:hvd vs ddp", "np2 mlp:hvd-after vs ddp"}
+    assert max(checks.values()) < 1e-6, checks
+
+
+@pytest.mark.mpi
+def test_keras_fit_benchmark(tmp_path):
+    pytest.importorskip("tensorflow")
+    report = run_benchmark("keras_fit.py", tmp_path / "keras_fit.json")
+    contenders = {"local", "hvd", "mwms"}
+    assert contenders_by_np(report) == {1: contenders, 2: contenders}
+    checks = report["equivalence_checks_max_abs_diff"]
+    assert checks["np1 mlp:hvd vs mwms"] < 1e-6 and checks["np2 mlp:hvd vs mwms"] < 1e-6, checks
+    # The control: at 2 ranks the unaveraged local weights differ, so the check can see a gap.
+    assert checks["np1 mlp:hvd vs local"] == 0 and checks["np2 mlp:hvd vs local"] > 1e-6, checks
