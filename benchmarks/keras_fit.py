@@ -27,6 +27,7 @@ of a structure on its own, with `axis=None` for scalars: the smallest change tha
 import argparse
 import json
 import os
+import random
 import socket
 import sys
 import time
@@ -67,16 +68,40 @@ def start_multi_worker_strategy(comm):
     import tensorflow as tf
 
     if comm.size > 1:
-        with socket.socket() as probe:  # a free port for this worker's gRPC server
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        workers = [f"127.0.0.1:{p}" for p in comm.allgather(port)]
+        workers = [f"127.0.0.1:{port}" for port in comm.bcast(
+            free_ports(comm.size) if comm.rank == 0 else None, root=0
+        )]  # fmt: skip
         os.environ["TF_CONFIG"] = json.dumps(
             {"cluster": {"worker": workers}, "task": {"type": "worker", "index": comm.rank}}
         )
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     _let_keras_fit_run_under(strategy)
     return strategy
+
+
+def free_ports(count: int) -> list:
+    """`count` ports that are free now, below the kernel's ephemeral range.
+
+    TensorFlow's gRPC server binds its port on all addresses. A port from the ephemeral range
+    (what binding port 0 gives) can be taken by an outgoing connection, TensorFlow's or MPI's,
+    before the server starts; below the range the kernel never hands ports out by itself.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_start = int(f.read().split()[0])
+    except OSError:
+        ephemeral_start = 32768
+    ports: list = []
+    for port in random.sample(range(10000, ephemeral_start), k=min(1000, ephemeral_start - 10000)):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"found only {len(ports)} free ports of {count} below {ephemeral_start}")
 
 
 def _let_keras_fit_run_under(strategy) -> None:
@@ -160,7 +185,9 @@ class Contender:
         timer = keras.callbacks.LambdaCallback(
             on_train_batch_end=lambda batch, logs: ends.append(time.perf_counter())
         )
-        self.model.fit(self.data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[timer])
+        self.model.fit(
+            self.data, epochs=1, steps_per_epoch=steps, shuffle=False, verbose=0, callbacks=[timer]
+        )
         return ends
 
 
