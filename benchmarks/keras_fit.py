@@ -24,33 +24,21 @@ strategy rejects both. `_let_keras_fit_run_under` wraps `strategy.reduce` to red
 of a structure on its own, with `axis=None` for scalars: the smallest change that lets fit run.
 """
 
-import argparse
 import json
 import os
 import random
 import socket
-import sys
 import time
 
-from training_jobs import machine, rank_counts, run_jobs, slowest_rank, summary, table
+from training_jobs import argument_parser, run_and_report, slowest_rank, summary
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 CONTENDERS = ("local", "hvd", "mwms")
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--np", default="2,4", help="rank counts, comma-separated")
-    parser.add_argument("--models", default="cnn,mlp")
-    parser.add_argument("--contenders", default=",".join(CONTENDERS))
-    parser.add_argument("--rounds", type=int, default=8, help="blocks per contender")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per block")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before each block")
-    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
-    parser.add_argument("--mlp-width", type=int, default=4096)
+    parser = argument_parser(__doc__, CONTENDERS, os.path.join(RESULTS, "keras_fit.json"))
     parser.add_argument("--threads", type=int, default=0, help="TF threads per rank (0: cpus/np)")
-    parser.add_argument("--out", default=os.path.join(RESULTS, "keras_fit.json"))
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.warmup < 1:
         parser.error("--warmup must be at least 1: a step's time runs from the previous one's end")
@@ -248,32 +236,19 @@ def worker(args) -> None:
 # -- the driver: one job per rank count, then the table --------------------------------------
 
 
+def _versions() -> dict:
+    import keras
+    import tensorflow as tf
+
+    return {"tensorflow": tf.__version__, "keras": keras.__version__}
+
+
 def main() -> None:
     args = parse_args()
     if args.worker:
         worker(args)
         return
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    load_before = os.getloadavg()
-    jobs = run_jobs(__file__, rank_counts(args.np), sys.argv[1:], args.out, timeout=3600)
-    import keras
-    import tensorflow as tf
-
-    report = {
-        "benchmark": "keras_fit",
-        "command": " ".join(["python", "benchmarks/keras_fit.py", *sys.argv[1:]]),
-        "machine": machine(load_before, tensorflow=tf.__version__, keras=keras.__version__),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "out")},
-        "threads_per_rank": {job["np"]: job["threads"] for job in jobs},
-        "equivalence_checks_max_abs_diff": {
-            f"np{job['np']} {name}": diff for job in jobs for name, diff in job["checks"].items()
-        },
-        "results": [r for job in jobs for r in job["results"]],
-    }
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
-    print(table(report["results"], CONTENDERS, ratio=("hvd", "mwms")))
-    print(f"median step time in ms; written to {args.out}")
+    run_and_report(__file__, args, CONTENDERS, ratio=("hvd", "mwms"), versions=_versions)
 
 
 if __name__ == "__main__":

@@ -15,31 +15,19 @@ A step is zero_grad, forward, backward and optimizer step (SGD with momentum). E
 timed on every rank; the slowest rank's time counts, and the median over all blocks is kept.
 """
 
-import argparse
 import json
 import os
-import sys
 import time
 
-from training_jobs import machine, rank_counts, run_jobs, slowest_rank, summary, table
+from training_jobs import argument_parser, run_and_report, slowest_rank, summary
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 CONTENDERS = ("local", "hvd", "hvd-nofusion", "hvd-after", "ddp")
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--np", default="2,4", help="rank counts, comma-separated")
-    parser.add_argument("--models", default="cnn,mlp")
-    parser.add_argument("--contenders", default=",".join(CONTENDERS))
-    parser.add_argument("--rounds", type=int, default=8, help="blocks per contender")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per block")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before each block")
-    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
-    parser.add_argument("--mlp-width", type=int, default=4096)
+    parser = argument_parser(__doc__, CONTENDERS, os.path.join(RESULTS, "torch_ddp.json"))
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (0: auto)")
-    parser.add_argument("--out", default=os.path.join(RESULTS, "torch_ddp.json"))
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -184,31 +172,18 @@ def worker(args) -> None:
 # -- the driver: one job per rank count, then the table --------------------------------------
 
 
+def _versions() -> dict:
+    import torch
+
+    return {"torch": torch.__version__}
+
+
 def main() -> None:
     args = parse_args()
     if args.worker:
         worker(args)
         return
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    load_before = os.getloadavg()
-    jobs = run_jobs(__file__, rank_counts(args.np), sys.argv[1:], args.out, timeout=3600)
-    import torch
-
-    report = {
-        "benchmark": "torch_ddp",
-        "command": " ".join(["python", "benchmarks/torch_ddp.py", *sys.argv[1:]]),
-        "machine": machine(load_before, torch=torch.__version__),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "out")},
-        "threads_per_rank": {job["np"]: job["threads"] for job in jobs},
-        "equivalence_checks_max_abs_diff": {
-            f"np{job['np']} {name}": diff for job in jobs for name, diff in job["checks"].items()
-        },
-        "results": [r for job in jobs for r in job["results"]],
-    }
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
-    print(table(report["results"], CONTENDERS, ratio=("hvd", "ddp")))
-    print(f"median step time in ms; written to {args.out}")
+    run_and_report(__file__, args, CONTENDERS, ratio=("hvd", "ddp"), versions=_versions)
 
 
 if __name__ == "__main__":

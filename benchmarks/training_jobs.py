@@ -5,12 +5,29 @@ script's worker writes its results to a JSON file named by `--worker`); inside a
 time that counts is the slowest rank's; the report records the machine and its load.
 """
 
+import argparse
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
+
+
+def argument_parser(doc: str, contenders: tuple, out: str) -> argparse.ArgumentParser:
+    """The options both benchmarks take; each adds its own --threads."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--np", default="2,4", help="rank counts, comma-separated")
+    parser.add_argument("--models", default="cnn,mlp")
+    parser.add_argument("--contenders", default=",".join(contenders))
+    parser.add_argument("--rounds", type=int, default=8, help="blocks per contender")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per block")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before each block")
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
+    parser.add_argument("--mlp-width", type=int, default=4096)
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    return parser
 
 
 def run_jobs(script: str, counts: list, forwarded: list, out: str, timeout: float) -> list:
@@ -86,3 +103,30 @@ def table(results: list, contenders: tuple, ratio: tuple) -> str:
         cells = [f"{by[c]:.1f}" if c in by else "" for c in contenders]
         lines.append(" | ".join([model, str(np), *cells, f"{value:.2f}" if value else ""]))
     return "\n".join(f"| {line} |" for line in lines)
+
+
+def run_and_report(script: str, args, contenders: tuple, ratio: tuple, versions) -> None:
+    """The driver: run the jobs, write args.out (JSON), print the table.
+
+    `versions()` returns the framework versions for the report (imported after the jobs, so
+    the driver does not hold a framework in memory while they run).
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    load_before = os.getloadavg()
+    jobs = run_jobs(script, rank_counts(args.np), sys.argv[1:], args.out, timeout=3600)
+    name = os.path.basename(script)
+    report = {
+        "benchmark": os.path.splitext(name)[0],
+        "command": " ".join(["python", f"benchmarks/{name}", *sys.argv[1:]]),
+        "machine": machine(load_before, **versions()),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "out")},
+        "threads_per_rank": {job["np"]: job["threads"] for job in jobs},
+        "equivalence_checks_max_abs_diff": {
+            f"np{job['np']} {check}": diff for job in jobs for check, diff in job["checks"].items()
+        },
+        "results": [r for job in jobs for r in job["results"]],
+    }
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(table(report["results"], contenders, ratio=ratio))
+    print(f"median step time in ms; written to {args.out}")
