@@ -1,15 +1,22 @@
 """Agreement on a collective's metadata before any data moves.
 
 Every rank hashes what it is about to do (collective, name, dtype, shape, root, op, ...) and the
-ranks compare the hashes in one small all-reduce (an Allgather where a per-rank integer such as
-allgather's row count travels with them). If the hashes differ, or a rank found its own
-arguments bad, the ranks exchange the full metadata and every rank raises: the rank at fault its
-own TypeError/ValueError, the others a MismatchError naming the ranks and values. So a mistake on
-one rank becomes an exception on all ranks instead of a hang or silently wrong data.
+ranks compare the hashes in one small Allgather of fixed-size records (`exchange`). If the hashes
+differ, or a rank found its own arguments bad, the ranks exchange the full metadata and every rank
+raises: the rank at fault its own TypeError/ValueError, the others a MismatchError naming the
+ranks and values. So a mistake on one rank becomes an exception on all ranks instead of a hang or
+silently wrong data.
+
+A record is [digest, payload, room for a small tensor]. The payload is one integer that may
+differ per rank by design (allgather's row count). The room lets a small all-reduce travel in the
+check itself, so it costs one message instead of two (collectives.py). Records have one size on
+every rank whatever the arguments, because MPI needs equal counts even when the ranks disagree:
+that is why every check, whichever collective it guards, is this same call.
 """
 
 import hashlib
 import os
+import threading
 from typing import NoReturn
 
 import numpy as np
@@ -24,13 +31,95 @@ __all__ = [
     "describe",
     "digest",
     "error_text",
+    "exchange",
+    "exchange_with_data",
     "explain",
+    "inline_bytes",
     "metadata_check_from_environment",
     "same_everywhere",
     "mismatch_message",
 ]
 
 FAILED = 0  # the digest a rank sends when its own arguments were bad
+
+# All ranks' tensor rooms together hold this much, so a check never moves more than about 4 KiB:
+# 2 KiB per rank at 2 ranks, 1 KiB at 4, nothing beyond 512 ranks. Gathering 4 KiB costs about
+# as much as all-reducing 16 bytes on shared memory (docs/benchmarks.md, small messages).
+INLINE_BUDGET_BYTES = 4096
+
+
+def inline_bytes(size: int) -> int:
+    """Return the room for tensor data in each record of a check among `size` ranks."""
+    return INLINE_BUDGET_BYTES // size // 8 * 8
+
+
+class _Records:
+    """The send record and the gathered records of one group size, with views kept for reuse.
+
+    A small all-reduce is bound by latency, and making numpy views costs as much as MPICH's
+    whole call, so the views of each (dtype, count) are made once.
+    """
+
+    def __init__(self, size: int):
+        words = 2 + inline_bytes(size) // 8
+        self.own = np.zeros(words, dtype=np.int64)
+        self.everyone = np.empty((size, words), dtype=np.int64)
+        self.digests = self.everyone[:, 0]
+        self._views: dict = {}
+
+    def views(self, dtype, count: int) -> tuple:
+        """Return (this rank's room as `count` items of `dtype`, each rank's room alike)."""
+        key = (dtype, count)
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) > 256:
+                self._views.clear()
+            room = self.own[2:].view(dtype)[:count]
+            rows = tuple(self.everyone[:, 2:].view(dtype)[:, :count])
+            views = self._views[key] = (room, rows)
+        return views
+
+
+_records = threading.local()  # per thread, {group size: _Records}: calls may come from any thread
+
+
+def _records_for(size: int) -> _Records:
+    by_size = getattr(_records, "by_size", None)
+    if by_size is None:
+        by_size = _records.by_size = {}
+    records = by_size.get(size)
+    if records is None:
+        records = by_size[size] = _Records(size)
+    return records
+
+
+def exchange(comm, own: int, payload: int = 0) -> list:
+    """Gather every rank's digest and payload; return [(digest, payload)] per rank."""
+    records = _records_for(comm.size)
+    records.own[0] = own
+    records.own[1] = payload
+    comm.Allgather(records.own, records.everyone)
+    return [tuple(row) for row in records.everyone[:, :2].tolist()]
+
+
+def exchange_with_data(comm, own: int, data: np.ndarray):
+    """Gather every rank's digest and `data` (at most inline_bytes(comm.size) bytes).
+
+    Returns:
+        a tuple of every rank's data, flat, in rank order, or None if the digests differ.
+        The arrays are reused by the next exchange on this thread: read them before then.
+    """
+    records = _records_for(comm.size)
+    room, rows = records.views(data.dtype, data.size)
+    room[...] = data.reshape(-1)
+    records.own[0] = own
+    comm.Allgather(records.own, records.everyone)
+    digests = records.digests.tolist()
+    return rows if _all_agree(digests) else None
+
+
+def _all_agree(digests: list) -> bool:
+    return digests[0] != FAILED and digests.count(digests[0]) == len(digests)
 
 
 def metadata_check_from_environment() -> bool:
@@ -118,29 +207,18 @@ def agree(comm, fields: dict, error: Exception = None, payload: int = None):
         comm.Allgather(np.array([payload], dtype=np.int64), payloads)
         return payloads.tolist()
     own = FAILED if error is not None else digest(fields)
-    if payload is None:
-        if same_everywhere(comm, own):
-            return None
-    else:
-        everyone = np.empty(2 * comm.size, dtype=np.int64)
-        comm.Allgather(np.array([own, payload], dtype=np.int64), everyone)
-        values = everyone.tolist()
-        digests, payloads = values[0::2], values[1::2]
-        if digests[0] != FAILED and digests.count(digests[0]) == len(digests):
-            return payloads
+    digests, payloads = zip(*exchange(comm, own, 0 if payload is None else payload))
+    if _all_agree(list(digests)):
+        return None if payload is None else list(payloads)
     explain(comm, fields, error)
 
 
 def same_everywhere(comm, own: int) -> bool:
     """Return whether every rank of `comm` sent the digest `own` (and none sent FAILED).
 
-    One all-reduce finds the smallest and the largest digest: equal means all ranks agree.
     Every rank gets the same answer, so on False all of them go on to explain().
     """
-    extremes = np.array([own, -own], dtype=np.int64)
-    comm.Allreduce(MPI.IN_PLACE, extremes, op=MPI.MIN)
-    lowest, negated_highest = extremes.tolist()
-    return lowest != FAILED and lowest == -negated_highest
+    return _all_agree([digest for digest, _ in exchange(comm, own)])
 
 
 def explain(comm, fields: dict, error: Exception = None) -> NoReturn:

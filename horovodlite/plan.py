@@ -24,6 +24,8 @@ class Plan:
         payload: one integer that may differ per rank (allgather's rows), or None.
         execute: `execute(comm, payloads) -> result`, run on every member rank after agreement.
         fusion: for all-reduces, the FusedAllreduce entry that lets the engine fuse it.
+        inline: `inline(comm) -> result` for a collective small enough to travel inside the
+            agreement message itself (collectives.py); the engine ignores it.
     """
 
     fields: dict
@@ -33,6 +35,7 @@ class Plan:
     payload: Optional[int] = None
     execute: Optional[Callable] = None
     fusion: Any = None
+    inline: Optional[Callable] = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -46,5 +49,7 @@ class Plan:
 
 def run_now(plan: Plan):
     """Agree on `plan` with the other ranks of its process set, then run it."""
+    if plan.inline is not None:  # set only where this rank found no argument error
+        return plan.inline(plan.comm)
     payloads = agree(plan.comm, plan.fields, plan.error, plan.payload)
     return plan.execute(plan.comm, payloads)

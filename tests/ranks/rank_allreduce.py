@@ -19,6 +19,7 @@ from oracle import (
 
 import horovodlite as hvd
 from horovodlite import algorithms, collectives
+from horovodlite.agreement import inline_bytes
 
 
 def forms(x, **kwargs):
@@ -207,21 +208,25 @@ class Spy:
 class ShortPathSpy:
     """Count the all-reduces that took the short path to MPI_Allreduce (collectives.py)."""
 
-    def __init__(self, spy: Spy, function):
-        self.spy, self.function = spy, function
+    def __init__(self, spy: Spy, inline: Spy, function):
+        self.spy, self.inline, self.function = spy, inline, function
 
     def __call__(self, *args, **kwargs):
+        inline_before = self.inline.calls
         out = self.function(*args, **kwargs)
-        self.spy.calls += out is not None
+        self.spy.calls += out is not None and self.inline.calls == inline_before
         return out
 
 
 def spy_on_algorithms(monkeypatch) -> dict:
-    """Count each algorithm's runs; "mpi" counts the short path's MPI_Allreduce calls too."""
+    """Count each algorithm's runs; "mpi" counts the short path's MPI_Allreduce calls too, and
+    "inline" the all-reduces that travelled inside the metadata check."""
     spies = {name: Spy(function) for name, function in algorithms.ALLREDUCE.items()}
     for name, spy in spies.items():
         monkeypatch.setitem(algorithms.ALLREDUCE, name, spy)
-    short = ShortPathSpy(spies["mpi"], collectives._short_allreduce)
+    spies["inline"] = Spy(collectives._inline_allreduce)
+    monkeypatch.setattr(collectives, "_inline_allreduce", spies["inline"])
+    short = ShortPathSpy(spies["mpi"], spies["inline"], collectives._short_allreduce)
     monkeypatch.setattr(collectives, "_short_allreduce", short)
     return spies
 
@@ -237,8 +242,11 @@ def test_requested_algorithm_runs(monkeypatch):
     hvd.allreduce(x.astype(ml_dtypes.bfloat16), op=hvd.Sum, algorithm="mpi")
     assert spies["mpi"].calls == 1
     spies["mpi"].calls = 0
-    hvd.allreduce(x, op=hvd.Sum)  # auto: small messages go to the MPI library
-    assert spies["mpi"].calls == 1
+    hvd.allreduce(x, op=hvd.Sum)  # auto: a tiny message travels inside the metadata check
+    assert (spies["inline"].calls, spies["mpi"].calls) == (1, 0)
+    small = np.zeros(inline_bytes(hvd.size()) // 4 + 1, dtype=np.float32)
+    hvd.allreduce(small, op=hvd.Sum)  # auto: small messages go to the MPI library
+    assert (spies["inline"].calls, spies["mpi"].calls) == (1, 1)
     spies["mpi"].calls = 0
     big = np.zeros(algorithms.SMALL_MESSAGE_BYTES // 4 + 1, dtype=np.float32)
     hvd.allreduce(big, op=hvd.Sum, algorithm="auto")  # auto: large messages go round the ring
@@ -343,5 +351,71 @@ def test_mismatched_shape_fails_on_every_rank():
     expect_error_everywhere(
         lambda: hvd.allreduce(np.ones(shape), name="w"), set(), None,
         f"rank {odd} sent", "shape", "(4,)", "(3,)", "allreduce 'w'",
+    )  # fmt: skip
+    still_in_step()
+
+
+# Small all-reduces travel inside the metadata check (collectives._inline_allreduce). Whether
+# one does depends only on what the ranks agree on, never on how each rank holds its array.
+
+
+def test_inline_allreduce_whatever_form_each_rank_passes(monkeypatch):
+    spies = spy_on_algorithms(monkeypatch)
+    n, r = hvd.size(), hvd.rank()
+    base = np.arange(24, dtype=np.int32).reshape(4, 6) * (r + 1)
+    expected = np.arange(24, dtype=np.int32).reshape(4, 6)[:, ::2] * (n * (n + 1) // 2)
+    # Rank by rank: a contiguous array, a strided view, a memoryview, in place into a view.
+    form = r % 4
+    if form == 0:
+        out = hvd.allreduce(np.ascontiguousarray(base[:, ::2]), op=hvd.Sum, name="forms")
+    elif form == 1:
+        out = hvd.allreduce(base[:, ::2], op=hvd.Sum, name="forms")
+    elif form == 2:
+        view = memoryview(np.ascontiguousarray(base[:, ::2]))
+        out = hvd.allreduce(view, op=hvd.Sum, name="forms")
+    else:
+        out = hvd.allreduce_(base[:, ::2], op=hvd.Sum, name="forms")
+        assert np.shares_memory(out, base)
+    np.testing.assert_array_equal(out, expected)
+    assert spies["inline"].calls == 1 and spies["mpi"].calls == 0
+    still_in_step()
+
+
+def test_inline_allreduce_is_bitwise_identical_and_wraps_like_mpi():
+    n, r = hvd.size(), hvd.rank()
+    # float32 sums that round differently in another order: every rank must get the same bits.
+    x = np.random.default_rng(r).standard_normal(7).astype(np.float32) * 10.0 ** (r % 3)
+    out = hvd.allreduce(x, op=hvd.Sum)
+    outs = everyone(out)
+    assert all(o.tobytes() == outs[0].tobytes() for o in outs)
+    # Small integers wrap around as MPI's would, instead of widening.
+    wrapped = hvd.allreduce(np.full(3, 100, dtype=np.int8), op=hvd.Sum)
+    assert wrapped.dtype == np.int8
+    np.testing.assert_array_equal(wrapped, np.full(3, 100 * n, dtype=np.int64).astype(np.int8))
+    for x in (np.float64(r), np.zeros((0, 3), np.float32)):  # 0-d and empty arrays
+        out = hvd.allreduce(x)
+        assert out.shape == np.shape(x) and out.dtype == x.dtype
+        np.testing.assert_allclose(out, np.full(np.shape(x), (n - 1) / 2))
+
+
+def test_mismatch_across_the_inline_limit_fails_on_every_rank():
+    """One rank's array fits in the check, another's does not: both must still raise."""
+    n = hvd.size()
+    if n == 1:
+        pytest.skip("a mismatch needs two ranks")
+    fits = inline_bytes(n) // 8
+    count = fits + 1 if hvd.rank() == n - 1 else fits
+    expect_error_everywhere(
+        lambda: hvd.allreduce(np.ones(count), name="edge"), set(), None,
+        f"rank {n - 1} sent", f"({fits + 1},)", f"({fits},)", "allreduce 'edge'",
+    )  # fmt: skip
+    # An argument error on one rank, a valid inline all-reduce on the others.
+    bad = n - 1
+    x = np.ones(3)
+    if hvd.rank() == bad:
+        x.flags.writeable = False
+    expect_error_everywhere(
+        lambda: hvd.allreduce_(x, name="ro"), {bad}, ValueError,
+        f"rank {bad} failed before sending", "read-only",
     )  # fmt: skip
     still_in_step()
