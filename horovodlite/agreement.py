@@ -65,6 +65,7 @@ class _Records:
         self.own = np.zeros(words, dtype=np.int64)
         self.everyone = np.empty((size, words), dtype=np.int64)
         self.digests = self.everyone[:, 0]
+        self.payloads = self.everyone[:, 1]
         self._views: dict = {}
 
     def views(self, dtype, count: int) -> tuple:
@@ -93,13 +94,13 @@ def _records_for(size: int) -> _Records:
     return records
 
 
-def exchange(comm, own: int, payload: int = 0) -> list:
-    """Gather every rank's digest and payload; return [(digest, payload)] per rank."""
+def exchange(comm, own: int, payload: int = 0) -> tuple:
+    """Gather every rank's digest and payload; return (digests, payloads), lists in rank order."""
     records = _records_for(comm.size)
     records.own[0] = own
     records.own[1] = payload
     comm.Allgather(records.own, records.everyone)
-    return [tuple(row) for row in records.everyone[:, :2].tolist()]
+    return records.digests.tolist(), records.payloads.tolist()
 
 
 def exchange_with_data(comm, own: int, data: np.ndarray):
@@ -207,9 +208,9 @@ def agree(comm, fields: dict, error: Exception = None, payload: int = None):
         comm.Allgather(np.array([payload], dtype=np.int64), payloads)
         return payloads.tolist()
     own = FAILED if error is not None else digest(fields)
-    digests, payloads = zip(*exchange(comm, own, 0 if payload is None else payload))
-    if _all_agree(list(digests)):
-        return None if payload is None else list(payloads)
+    digests, payloads = exchange(comm, own, 0 if payload is None else payload)
+    if _all_agree(digests):
+        return None if payload is None else payloads
     explain(comm, fields, error)
 
 
@@ -218,7 +219,8 @@ def same_everywhere(comm, own: int) -> bool:
 
     Every rank gets the same answer, so on False all of them go on to explain().
     """
-    return _all_agree([digest for digest, _ in exchange(comm, own)])
+    digests, _ = exchange(comm, own)
+    return _all_agree(digests)
 
 
 def explain(comm, fields: dict, error: Exception = None) -> NoReturn:
