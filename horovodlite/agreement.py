@@ -15,6 +15,7 @@ that is why every check, whichever collective it guards, is this same call.
 """
 
 import hashlib
+import math
 import os
 import threading
 from typing import NoReturn
@@ -54,11 +55,7 @@ def inline_bytes(size: int) -> int:
 
 
 class _Records:
-    """The send record and the gathered records of one group size, with views kept for reuse.
-
-    A small all-reduce is bound by latency, and making numpy views costs as much as MPICH's
-    whole call, so the views of each (dtype, count) are made once.
-    """
+    """The send record and every rank's records for one group size, reused call after call."""
 
     def __init__(self, size: int):
         words = 2 + inline_bytes(size) // 8
@@ -66,28 +63,24 @@ class _Records:
         self.everyone = np.empty((size, words), dtype=np.int64)
         self.digests = self.everyone[:, 0]
         self.payloads = self.everyone[:, 1]
-        self._views: dict = {}
 
-    def views(self, dtype, count: int) -> tuple:
-        """Return (this rank's room as `count` items of `dtype`, each rank's room alike)."""
-        key = (dtype, count)
-        views = self._views.get(key)
-        if views is None:
-            if len(self._views) > 256:
-                self._views.clear()
-            room = self.own[2:].view(dtype)[:count]
-            rows = tuple(self.everyone[:, 2:].view(dtype)[:, :count])
-            views = self._views[key] = (room, rows)
-        return views
+    def views(self, dtype, shape: tuple) -> tuple:
+        """Return (this rank's room as an array of `shape` and `dtype`, every rank's room flat)."""
+        count = math.prod(shape)
+        room = self.own[2:].view(dtype)[:count].reshape(shape)
+        return room, tuple(self.everyone[:, 2:].view(dtype)[:, :count])
 
 
-_records = threading.local()  # per thread, {group size: _Records}: calls may come from any thread
+# Per thread, as calls may come from any thread: {group size: _Records} and
+# {(group size, dtype, shape): (_Records, room, rows)}. A small all-reduce is bound by latency,
+# and making numpy views costs about as much as MPICH's whole call, so views are made once.
+_local = threading.local()
 
 
 def _records_for(size: int) -> _Records:
-    by_size = getattr(_records, "by_size", None)
+    by_size = getattr(_local, "records", None)
     if by_size is None:
-        by_size = _records.by_size = {}
+        by_size = _local.records = {}
     records = by_size.get(size)
     if records is None:
         records = by_size[size] = _Records(size)
@@ -110,13 +103,21 @@ def exchange_with_data(comm, own: int, data: np.ndarray):
         a tuple of every rank's data, flat, in rank order, or None if the digests differ.
         The arrays are reused by the next exchange on this thread: read them before then.
     """
-    records = _records_for(comm.size)
-    room, rows = records.views(data.dtype, data.size)
-    room[...] = data.reshape(-1)
+    key = (comm.size, data.dtype, data.shape)
+    views = getattr(_local, "views", None)
+    if views is None:
+        views = _local.views = {}
+    found = views.get(key)
+    if found is None:
+        if len(views) > 256:
+            views.clear()
+        records = _records_for(comm.size)
+        found = views[key] = (records, *records.views(data.dtype, data.shape))
+    records, room, rows = found
+    room[...] = data
     records.own[0] = own
     comm.Allgather(records.own, records.everyone)
-    digests = records.digests.tolist()
-    return rows if _all_agree(digests) else None
+    return rows if _all_agree(records.digests.tolist()) else None
 
 
 def _all_agree(digests: list) -> bool:

@@ -291,11 +291,12 @@ def allreduce_plan(
 # A small all-reduce travels inside its own metadata check (agreement.exchange): every rank
 # gathers every rank's tensor with the digests, checks them, and reduces locally in rank order, so
 # all ranks compute bitwise the same result. One message instead of a check and then the
-# all-reduce halves the latency of the tiny tensors that training loops average (losses, metrics).
+# all-reduce is what the tiny tensors that training loops average (losses, metrics) need.
 # Whether an all-reduce goes this way depends only on what the digest covers and on the group
 # size, so ranks that agree always take the same way; ranks that differ meet in the same
 # exchange and raise.
 
+_AVERAGE, _ADASUM = ReduceOp.AVERAGE, ReduceOp.ADASUM  # an Enum's class attribute costs 0.1 µs
 _UFUNCS = {
     ReduceOp.AVERAGE: np.add,
     ReduceOp.SUM: np.add,
@@ -332,9 +333,11 @@ def _inline_allreduce(comm, own: int, array, op, inplace: bool, fields):
     out = ufunc(rows[0], rows[1]) if len(rows) > 1 else rows[0].copy()
     for row in rows[2:]:
         ufunc(out, row, out=out)
-    if op == ReduceOp.AVERAGE:
+    if op is _AVERAGE:
         _scale(np, out, 1.0 / comm.size)
-    return _deliver(out, array, np, inplace) if inplace else out.reshape(array.shape)
+    if inplace:
+        return _deliver(out, array, np, inplace)
+    return out if array.ndim == 1 else out.reshape(array.shape)
 
 
 # The short way for small host arrays. A small all-reduce is bound by latency: building a Plan,
@@ -379,8 +382,8 @@ def _short_allreduce(tensor, op, name, scaled: bool, process_set, algorithm, inp
     if requested not in (None, "mpi"):
         return None
     if op is None:
-        op = ReduceOp.AVERAGE
-    elif type(op) is not ReduceOp or op == ReduceOp.ADASUM:
+        op = _AVERAGE
+    elif type(op) is not ReduceOp or op is _ADASUM:
         return None
     comm = state.comm
     key = (name, tensor.dtype, tensor.shape, op, requested, comm.size)
@@ -407,7 +410,7 @@ def _short_allreduce(tensor, op, name, scaled: bool, process_set, algorithm, inp
     out = tensor if inplace else np.empty_like(tensor)
     send = MPI.IN_PLACE if inplace else [tensor, mpi_type]
     comm.Allreduce(send, [out, mpi_type], MPI_OPS[op])
-    if op == ReduceOp.AVERAGE:
+    if op is _AVERAGE:
         _scale(np, out, 1.0 / comm.size)
     return out
 
