@@ -272,10 +272,15 @@ def allreduce_plan(
             array, xp, inplace, resolved, float(prescale_factor), float(postscale_factor), requested
         )
         scaled = prescale_factor != 1.0 or postscale_factor != 1.0
-        if _travels_inline(array, xp, resolved, scaled, requested, comm.size, state):
+        if (
+            xp is np
+            and state.check_metadata
+            and _travels_inline(array, resolved, scaled, requested, comm.size)
+        ):
 
             def inline(comm):
-                return _inline_allreduce(comm, digest(fields), array, resolved, inplace, fields)
+                own = digest(fields)
+                return _inline_allreduce(comm, own, array, resolved, inplace, lambda: fields)
 
     return Plan(
         fields,
@@ -288,9 +293,10 @@ def allreduce_plan(
     )
 
 
-# A small all-reduce travels inside its own metadata check (agreement.exchange): every rank
-# gathers every rank's tensor with the digests, checks them, and reduces locally in rank order, so
-# all ranks compute bitwise the same result. One message instead of a check and then the
+# A small all-reduce travels inside its own metadata check (agreement.exchange_with_data): every
+# rank
+# gathers every rank's tensor with the digests, checks them, and reduces locally in rank order,
+# so all ranks compute bitwise the same result. One message instead of a check and then the
 # all-reduce is what the tiny tensors that training loops average (losses, metrics) need.
 # Whether an all-reduce goes this way depends only on what the digest covers and on the group
 # size, so ranks that agree always take the same way; ranks that differ meet in the same
@@ -306,12 +312,14 @@ _UFUNCS = {
 }
 
 
-def _travels_inline(array, xp, op, scaled: bool, requested, size: int, state) -> bool:
-    """Return whether this all-reduce rides in the metadata check (every rank decides alike)."""
+def _travels_inline(array, op, scaled: bool, requested, size: int) -> bool:
+    """Return whether a checked all-reduce of host `array` rides in the metadata check.
+
+    The one rule for both the short and the general path: it reads only what the digest covers
+    and the group size, so every rank decides alike.
+    """
     return (
-        xp is np
-        and state.check_metadata
-        and requested is None
+        requested is None
         and not scaled
         and op in _UFUNCS
         and array.nbytes <= inline_bytes(size)
@@ -320,13 +328,10 @@ def _travels_inline(array, xp, op, scaled: bool, requested, size: int, state) ->
 
 
 def _inline_allreduce(comm, own: int, array, op, inplace: bool, fields):
-    """All-reduce `array` in the check's records.
-
-    `fields`, or a function returning them, explain a mismatch.
-    """
+    """All-reduce `array` in the check's records; `fields()` explains a mismatch."""
     rows = exchange_with_data(comm, own, array)
     if rows is None:
-        explain(comm, fields() if callable(fields) else fields)
+        explain(comm, fields())
     # Rank by rank, so every rank adds in the same order and gets the same bits. (A pairwise
     # ufunc on cached rows is three times faster here than ufunc.reduce over a 2-D view.)
     ufunc = _UFUNCS[op]
@@ -359,8 +364,7 @@ def _short_route(tensor, op, name, requested, size: int):
     if mpi_type is None:
         return None, None, False
     fields = _allreduce_fields(name, tensor, op, 1.0, 1.0, requested, True)
-    inline = requested is None and tensor.nbytes <= inline_bytes(size)
-    return digest(fields), mpi_type, inline
+    return digest(fields), mpi_type, _travels_inline(tensor, op, False, requested, size)
 
 
 def _short_allreduce(tensor, op, name, scaled: bool, process_set, algorithm, inplace: bool):
