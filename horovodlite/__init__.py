@@ -18,7 +18,6 @@ from .asynchronous import (
     stop_timeline,
     synchronize,
 )
-from .buffers import cuda_aware_mpi
 from .collectives import (
     allgather,
     allgather_object,
@@ -33,10 +32,12 @@ from .collectives import (
     reducescatter,
 )
 from .exceptions import HorovodInternalError, HorovodLiteError, MismatchError, NotInitializedError
+from .lifecycle import init, shutdown
 from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .runtime import (
     ccl_built,
+    cuda_aware_mpi,
     cuda_built,
     ddl_built,
     gloo_built,
@@ -49,14 +50,12 @@ from .runtime import (
 from .state import (
     cross_rank,
     cross_size,
-    init,
     is_homogeneous,
     is_initialized,
     local_rank,
     local_size,
     mpi_threads_supported,
     rank,
-    shutdown,
     size,
 )
 from .version import __version__

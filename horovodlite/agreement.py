@@ -16,15 +16,13 @@ that is why every check, whichever collective it guards, is this same call.
 
 import hashlib
 import math
-import os
 import threading
-from typing import NoReturn
+from collections.abc import Sequence
+from typing import NoReturn, Optional
 
 import numpy as np
-from mpi4py import MPI
 
-from .exceptions import MismatchError, NotInitializedError
-from .state import current
+from .exceptions import MismatchError
 
 __all__ = [
     "FAILED",
@@ -36,7 +34,6 @@ __all__ = [
     "exchange_with_data",
     "explain",
     "inline_bytes",
-    "metadata_check_from_environment",
     "same_everywhere",
     "mismatch_message",
 ]
@@ -124,12 +121,6 @@ def _all_agree(digests: list) -> bool:
     return digests[0] != FAILED and digests.count(digests[0]) == len(digests)
 
 
-def metadata_check_from_environment() -> bool:
-    """Return whether HOROVODLITE_CHECK_METADATA (default on) asks for the check (read by init)."""
-    value = os.environ.get("HOROVODLITE_CHECK_METADATA", "1").strip().lower()
-    return value not in ("0", "false", "no", "off")
-
-
 _digests: dict = {}  # fields -> digest; training loops repeat the same few collectives
 
 
@@ -190,17 +181,27 @@ def mismatch_message(infos: list) -> str:
     )
 
 
-def agree(comm, fields: dict, error: Exception = None, payload: int = None):
+def agree(
+    comm,
+    fields: dict,
+    error: Exception = None,
+    payload: int = None,
+    *,
+    check: bool = True,
+    ranks: Optional[Sequence[int]] = None,
+):
     """Check that all ranks of `comm` submit the same `fields`; return every rank's `payload`.
 
     `payload` is one integer that may differ per rank by design (allgather's first dimension);
-    when given, the returned list holds every rank's, else None is returned.
+    when given, the returned list holds every rank's, else None is returned. With `check` off
+    (HOROVODLITE_CHECK_METADATA=0) only the payloads travel. `ranks` are the global ranks of
+    `comm`'s members, for messages (default: the ranks of `comm` itself).
 
     Raises:
         `error` on the rank that passed one; MismatchError on every other rank when any rank
         passed an error or the fields differ.
     """
-    if not current().check_metadata:
+    if not check:
         if error is not None:
             raise error
         if payload is None:
@@ -212,7 +213,7 @@ def agree(comm, fields: dict, error: Exception = None, payload: int = None):
     digests, payloads = exchange(comm, own, 0 if payload is None else payload)
     if _all_agree(digests):
         return None if payload is None else payloads
-    explain(comm, fields, error)
+    explain(comm, fields, error, ranks)
 
 
 def same_everywhere(comm, own: int) -> bool:
@@ -224,8 +225,12 @@ def same_everywhere(comm, own: int) -> bool:
     return _all_agree(digests)
 
 
-def explain(comm, fields: dict, error: Exception = None) -> NoReturn:
+def explain(
+    comm, fields: dict, error: Exception = None, ranks: Optional[Sequence[int]] = None
+) -> NoReturn:
     """After a failed check: gather every rank's fields and raise on every rank.
+
+    `ranks` are the global ranks of `comm`'s members: a process set's own ranks would mislead.
 
     Raises:
         `error` on a rank that passed one, MismatchError naming ranks and values on the others.
@@ -233,22 +238,8 @@ def explain(comm, fields: dict, error: Exception = None) -> NoReturn:
     infos = comm.allgather((fields, error_text(error)))
     if error is not None:
         raise error
-    ranks = _global_ranks(comm)
+    ranks = range(comm.size) if ranks is None else ranks
     raise MismatchError(mismatch_message([(ranks[r], f, e) for r, (f, e) in enumerate(infos)]))
-
-
-def _global_ranks(comm) -> list:
-    """Return the hvd.rank() of each rank of `comm`; a process set's own ranks would mislead."""
-    try:
-        world = current().comm
-    except NotInitializedError:  # `comm` is all there is
-        return list(range(comm.size))
-    group, world_group = comm.Get_group(), world.Get_group()
-    try:
-        return list(MPI.Group.Translate_ranks(group, range(comm.size), world_group))
-    finally:
-        group.Free()
-        world_group.Free()
 
 
 def error_text(error) -> str:

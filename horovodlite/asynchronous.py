@@ -1,9 +1,13 @@
 """Asynchronous collectives: submit to the engine, then poll() and synchronize() the handle.
 
 Each `*_async` function builds the same Plan as its synchronous twin (collectives.py) and hands
-it to the engine, so the two share one implementation. Requests are matched across ranks by name;
-unnamed ones are named "<collective>.noname.<n>" in submission order, as Horovod does.
+it to the engine, so the two share one implementation and one documentation: each takes its
+twin's arguments. Requests are matched across ranks by name; unnamed ones are named
+"<collective>.noname.<n>" in submission order, as Horovod does.
 """
+
+import functools
+from typing import Callable
 
 from . import state as _state
 from .collectives import (
@@ -14,8 +18,7 @@ from .collectives import (
     reducescatter_plan,
 )
 from .engine import Handle
-from .ops import ReduceOp
-from .process_sets import global_process_set
+from .plan import signature_of
 
 __all__ = [
     "allreduce_async",
@@ -41,157 +44,50 @@ def _engine():
     return _state.current().engine
 
 
-def _group_names(name, count: int, kind: str) -> list:
-    return [None if name is None else f"{name}.{i}" for i in range(count)] if count else []
+def _asynchronous(make_plan: Callable, name: str, **fixed) -> Callable:
+    """Return `name`: start `make_plan(...)`'s collective in the background, return a Handle."""
+
+    @functools.wraps(make_plan)
+    def start(*args, **kwargs) -> Handle:
+        return _engine().submit([make_plan(*args, **fixed, **kwargs)])
+
+    start.__name__ = start.__qualname__ = name
+    start.__doc__ = f"Start {name.split('_async')[0]}() in the background; return a Handle."
+    start.__signature__ = signature_of(make_plan, fixed, Handle)
+    return start
 
 
-def allreduce_async(
-    tensor,
-    op=None,
-    name=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set=global_process_set,
-    algorithm=None,
-    average=None,
-) -> Handle:
-    """Start allreduce() in the background; return a Handle for synchronize()."""
-    plan = allreduce_plan(
-        tensor, op, name, prescale_factor, postscale_factor, process_set, algorithm, average
+def _grouped(make_plan: Callable, name: str, **fixed) -> Callable:
+    """Return `name`: start `make_plan`'s collective on every array of a list, as one Handle.
+
+    synchronize() returns the list of results. The arrays are named "<name>.0", "<name>.1", ...
+    """
+
+    def start(tensors, *, name=None, **options) -> Handle:
+        names = [None if name is None else f"{name}.{i}" for i in range(len(tensors))]
+        plans = [make_plan(t, name=n, **fixed, **options) for t, n in zip(tensors, names)]
+        return _engine().submit(plans, grouped=True)
+
+    start.__name__ = start.__qualname__ = name
+    kind = name.split("_async")[0].removeprefix("grouped_")
+    start.__doc__ = (
+        f"Start {kind}() of every array in `tensors` (same options); synchronize() returns "
+        "the list of results."
     )
-    return _engine().submit([plan])
+    return start
 
 
-def allreduce_async_(
-    tensor,
-    op=None,
-    name=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set=global_process_set,
-    algorithm=None,
-    average=None,
-) -> Handle:
-    """Start allreduce_() (in place) in the background; return a Handle."""
-    plan = allreduce_plan(
-        tensor,
-        op,
-        name,
-        prescale_factor,
-        postscale_factor,
-        process_set,
-        algorithm,
-        average,
-        inplace=True,
-    )
-    return _engine().submit([plan])
-
-
-def grouped_allreduce_async(
-    tensors,
-    op=None,
-    name=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set=global_process_set,
-    algorithm=None,
-    average=None,
-    inplace=False,
-) -> Handle:
-    """Start an all-reduce of every array in `tensors`; synchronize() returns the list."""
-    names = _group_names(name, len(tensors), "allreduce")
-    plans = [
-        allreduce_plan(
-            t, op, n, prescale_factor, postscale_factor, process_set, algorithm, average, inplace
-        )
-        for t, n in zip(tensors, names)
-    ]
-    return _engine().submit(plans, grouped=True)
-
-
-def grouped_allreduce_async_(
-    tensors,
-    op=None,
-    name=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set=global_process_set,
-    algorithm=None,
-    average=None,
-) -> Handle:
-    """In-place grouped_allreduce_async()."""
-    return grouped_allreduce_async(
-        tensors,
-        op,
-        name,
-        prescale_factor,
-        postscale_factor,
-        process_set,
-        algorithm,
-        average,
-        inplace=True,
-    )
-
-
-def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
-    """Start allgather() in the background; return a Handle."""
-    return _engine().submit([allgather_plan(tensor, name, process_set)])
-
-
-def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
-    """Start an allgather of every array in `tensors`; synchronize() returns the list."""
-    names = _group_names(name, len(tensors), "allgather")
-    plans = [allgather_plan(t, n, process_set) for t, n in zip(tensors, names)]
-    return _engine().submit(plans, grouped=True)
-
-
-def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
-    """Start broadcast() in the background; return a Handle."""
-    return _engine().submit([broadcast_plan(tensor, root_rank, name, process_set)])
-
-
-def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
-    """Start broadcast_() (in place) in the background; return a Handle."""
-    return _engine().submit([broadcast_plan(tensor, root_rank, name, process_set, inplace=True)])
-
-
-def reducescatter_async(
-    tensor,
-    op=ReduceOp.AVERAGE,
-    name=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set=global_process_set,
-    algorithm=None,
-) -> Handle:
-    """Start reducescatter() in the background; return a Handle."""
-    plan = reducescatter_plan(
-        tensor, op, name, prescale_factor, postscale_factor, process_set, algorithm
-    )
-    return _engine().submit([plan])
-
-
-def grouped_reducescatter_async(
-    tensors,
-    op=ReduceOp.AVERAGE,
-    name=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set=global_process_set,
-    algorithm=None,
-) -> Handle:
-    """Start a reduce-scatter of every array in `tensors`; synchronize() returns the list."""
-    names = _group_names(name, len(tensors), "reducescatter")
-    plans = [
-        reducescatter_plan(t, op, n, prescale_factor, postscale_factor, process_set, algorithm)
-        for t, n in zip(tensors, names)
-    ]
-    return _engine().submit(plans, grouped=True)
-
-
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
-    """Start alltoall() in the background; return a Handle."""
-    return _engine().submit([alltoall_plan(tensor, splits, name, process_set)])
+allreduce_async = _asynchronous(allreduce_plan, "allreduce_async")
+allreduce_async_ = _asynchronous(allreduce_plan, "allreduce_async_", inplace=True)
+grouped_allreduce_async = _grouped(allreduce_plan, "grouped_allreduce_async")
+grouped_allreduce_async_ = _grouped(allreduce_plan, "grouped_allreduce_async_", inplace=True)
+allgather_async = _asynchronous(allgather_plan, "allgather_async")
+grouped_allgather_async = _grouped(allgather_plan, "grouped_allgather_async")
+broadcast_async = _asynchronous(broadcast_plan, "broadcast_async")
+broadcast_async_ = _asynchronous(broadcast_plan, "broadcast_async_", inplace=True)
+reducescatter_async = _asynchronous(reducescatter_plan, "reducescatter_async")
+grouped_reducescatter_async = _grouped(reducescatter_plan, "grouped_reducescatter_async")
+alltoall_async = _asynchronous(alltoall_plan, "alltoall_async")
 
 
 def poll(handle: Handle) -> bool:

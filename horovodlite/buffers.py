@@ -1,14 +1,10 @@
-"""Array handling: which arrays are accepted, their MPI wire types, GPU detection and staging.
+"""Array handling: which arrays are accepted, their MPI wire types, and GPU detection.
 
 Host arrays are numpy arrays (or anything numpy can view). GPU arrays are CuPy arrays or any
 object exposing `__cuda_array_interface__` or a CUDA DLPack device; they are viewed as CuPy
-arrays, so reductions on them run on the GPU. When the MPI library is not CUDA-aware, GPU data is
-staged through host memory around the communication.
+arrays, so reductions on them run on the GPU (staging.py moves them through host memory when the
+MPI library is not CUDA-aware).
 """
-
-import ctypes
-import functools
-import os
 
 import ml_dtypes
 import numpy as np
@@ -16,11 +12,13 @@ from mpi4py import MPI
 
 __all__ = [
     "DTYPE_NAMES",
+    "DTYPES_BY_NAME",
     "SUPPORTED_DTYPES",
     "as_array",
     "array_module",
-    "cuda_aware_mpi",
+    "device_module",
     "native_mpi_type",
+    "synchronize_device",
     "wire_type",
 ]
 
@@ -46,6 +44,7 @@ SUPPORTED_DTYPES = frozenset(
 
 # str(dtype) costs microseconds; collectives name dtypes on every call.
 DTYPE_NAMES = {dtype: str(dtype) for dtype in SUPPORTED_DTYPES}
+DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
 # MPI datatypes the MPI library can reduce itself. float16, bfloat16 and bool have none that
 # every MPI supports, so the native algorithm reduces them with a user-defined op instead.
@@ -125,43 +124,16 @@ def array_module(array):
     return cupy
 
 
+def device_module(device: str):
+    """Return numpy for "cpu" (the agreed fields' device), else cupy."""
+    if device == "cpu":
+        return np
+    import cupy
+
+    return cupy
+
+
 def synchronize_device(xp) -> None:
     """Wait for the current CUDA stream, so MPI reads finished data."""
     if xp is not np:
         xp.cuda.get_current_stream().synchronize()
-
-
-def _mpi_library_handle():
-    """Return a ctypes handle on the loaded MPI shared library, or None."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libmpi" in line.rsplit("/", 1)[-1]}
-    except OSError:
-        paths = set()
-    for path in sorted(paths):
-        try:
-            return ctypes.CDLL(path)
-        except OSError:
-            continue
-    try:
-        return ctypes.CDLL(None)
-    except OSError:
-        return None
-
-
-@functools.cache
-def cuda_aware_mpi() -> bool:
-    """Return whether the MPI library accepts GPU buffers.
-
-    `HOROVODLITE_CUDA_AWARE_MPI=1` or `=0` overrides the library's own answer
-    (`MPIX_Query_cuda_support`, exported by MPICH and Open MPI).
-    """
-    override = os.environ.get("HOROVODLITE_CUDA_AWARE_MPI")
-    if override is not None:
-        return override.strip().lower() in ("1", "true", "yes", "on")
-    library = _mpi_library_handle()
-    query = getattr(library, "MPIX_Query_cuda_support", None) if library is not None else None
-    if query is None:
-        return False
-    query.restype = ctypes.c_int
-    return bool(query())

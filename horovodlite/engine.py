@@ -12,7 +12,6 @@ when some rank holds a request the cache does not know do the ranks exchange ful
 """
 
 import logging
-import os
 import threading
 import time
 
@@ -20,13 +19,14 @@ import numpy as np
 from mpi4py import MPI
 
 from .agreement import FAILED, describe, digest, error_text, mismatch_message
-from .collectives import FusionEntry, fused_allreduce
+from .buffers import DTYPES_BY_NAME, device_module
 from .exceptions import HorovodLiteError, MismatchError
+from .fusion import FusionEntry, fused_allreduce
 from .ops import ReduceOp
 from .plan import Plan
 from .timeline import Timeline
 
-__all__ = ["Engine", "Handle", "engine_setting"]
+__all__ = ["Engine", "Handle"]
 
 _log = logging.getLogger("horovodlite")
 
@@ -37,15 +37,6 @@ _CACHE_LIMIT = 4096  # entries; past it the cache is cleared (on every rank at o
 
 # Positions of the flags that follow the per-request bytes and per-rank join bytes.
 _ALL_CACHED, _RUNNING, _NOT_ABORTING, _IDLE = range(4)
-
-
-def engine_setting(name: str, default, cast=float):
-    """Read HOROVODLITE_<name>, else Horovod's HOROVOD_<name>, else `default`."""
-    for prefix in ("HOROVODLITE_", "HOROVOD_"):
-        value = os.environ.get(prefix + name)
-        if value not in (None, ""):
-            return cast(value)
-    return default
 
 
 class _Request:
@@ -94,11 +85,14 @@ class Engine:
 
     def __init__(self, state):
         self.state = state
-        self.comm = state.process_sets[0].engine_comm
-        self.cycle_time = engine_setting("CYCLE_TIME", 1.0) / 1000.0
-        self.fusion_threshold = engine_setting("FUSION_THRESHOLD", 128 * 1024 * 1024, int)
-        self.stall_check = engine_setting("STALL_CHECK_TIME_SECONDS", 60.0)
-        self.stall_shutdown = engine_setting("STALL_SHUTDOWN_TIME_SECONDS", 0.0)
+        self.comm = state.process_sets.lookup(0).engine_comm
+        settings = state.settings
+        # Copied from the settings as tunables that tests and benchmarks may change at run time.
+        self.cycle_time = settings.cycle_time
+        self.fusion_threshold = settings.fusion_threshold
+        self.stall_check = settings.stall_check
+        self.stall_shutdown = settings.stall_shutdown
+        self.segment_bytes = settings.ring_segment_bytes
         self.timeline = None
         self._lock = threading.Lock()
         self._wakeup = threading.Event()
@@ -117,9 +111,8 @@ class Engine:
         self._last_stall_report = 0.0
         self._first_seen: dict = {}  # key -> when a full exchange first showed it incomplete
         self.cycles = 0
-        timeline_path = engine_setting("TIMELINE", None, str)
-        if timeline_path and self.comm.rank == 0:
-            self.timeline = Timeline(timeline_path, engine_setting("TIMELINE_MARK_CYCLES", 0, int))
+        if settings.timeline and self.comm.rank == 0:
+            self.timeline = Timeline(settings.timeline, settings.timeline_mark_cycles)
         self._thread = threading.Thread(target=self._run, name="horovodlite-engine", daemon=True)
         self._thread.start()
 
@@ -294,7 +287,7 @@ class Engine:
         return not flags[_IDLE]
 
     def _ranks_of(self, process_set_id: int):
-        entry = self.state.process_sets.get(process_set_id)
+        entry = self.state.process_sets.lookup(process_set_id)
         return None if entry is None else entry.ranks
 
     def _exchange(self, joined_ranks: set, now: float):
@@ -385,15 +378,7 @@ class Engine:
             if request.plan.fusion is None or self.fusion_threshold <= 0:
                 batches.append([request])
                 continue
-            bucket_key = (
-                key[0],
-                fields["dtype"],
-                fields["op"],
-                fields["prescale_factor"],
-                fields["postscale_factor"],
-                fields["algorithm"],
-                fields["device"],
-            )
+            bucket_key = (key[0], request.plan.fusion.key)
             nbytes = request.plan.fusion.array.nbytes
             bucket = open_buckets.get(bucket_key)
             if bucket is None or bucket[0] + nbytes > self.fusion_threshold:
@@ -405,7 +390,7 @@ class Engine:
             self._run_batch(batch)
 
     def _run_batch(self, batch: list) -> None:
-        comm = self.state.process_sets[batch[0].key[0]].engine_comm
+        comm = self.state.process_sets.lookup(batch[0].key[0]).engine_comm
         timeline = self.timeline
         names = [str(request.key[1]) for request in batch]
         start = time.monotonic()
@@ -417,7 +402,8 @@ class Engine:
             plan = batch[0].plan
             if plan.fusion is not None:
                 phase = None if timeline is None else (lambda p: timeline.phase(names, p))
-                results = fused_allreduce(comm, [r.plan.fusion for r in batch], phase)
+                entries = [r.plan.fusion for r in batch]
+                results = fused_allreduce(comm, entries, self.segment_bytes, phase)
             else:
                 payloads = None
                 if plan.payload is not None:
@@ -462,15 +448,8 @@ class Engine:
 
 def _zeros_plan(fields: dict, process_set_id: int) -> Plan:
     """Return the all-reduce a joined rank runs in place of one it never submitted."""
-    from .buffers import DTYPE_NAMES
-
-    dtype = next(d for d, name in DTYPE_NAMES.items() if name == fields["dtype"])
-    if fields["device"] == "cpu":
-        zeros, xp = np.zeros(fields["shape"], dtype=dtype), np
-    else:
-        import cupy as xp
-
-        zeros = xp.zeros(fields["shape"], dtype=dtype)
+    xp = device_module(fields["device"])
+    zeros = xp.zeros(fields["shape"], dtype=DTYPES_BY_NAME[fields["dtype"]])
     entry = FusionEntry(
         zeros,
         xp,

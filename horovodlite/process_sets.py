@@ -1,4 +1,9 @@
-"""Process sets: collectives on a subgroup of the ranks."""
+"""Process sets: the user's handles on subgroups of the ranks that collectives can run on.
+
+The communicators behind them live in the state's registry (state.ProcessSetRegistry); this
+module validates the user's requests, agrees on them across ranks, and looks sets up for the
+collectives.
+"""
 
 from mpi4py import MPI
 
@@ -11,6 +16,7 @@ __all__ = [
     "add_process_set",
     "remove_process_set",
     "communicator",
+    "process_set_ranks",
 ]
 
 
@@ -39,7 +45,7 @@ class ProcessSet:
     def ranks(self) -> list:
         """The global ranks in this set, in order."""
         if self.process_set_id is not None:
-            return list(_state.current().process_sets[self.process_set_id].ranks)
+            return process_set_ranks(self.process_set_id)
         if self._ranks is None:
             self._ranks = _translate(self._mpi_comm)
         return list(self._ranks)
@@ -94,18 +100,9 @@ def add_process_set(process_set) -> ProcessSet:
     ranks = process_set.ranks if error is None else []
     if error is None and (not ranks or ranks[0] < 0 or ranks[-1] >= state.comm.size):
         error = ValueError(f"process set ranks {ranks} must lie in 0..{state.comm.size - 1}")
-    agree(state.comm, {"collective": "add_process_set", "ranks": tuple(ranks)}, error)
-    group = state.comm.Get_group().Incl(ranks)
-    try:
-        comm = state.comm.Create(group)  # collective over all ranks; COMM_NULL for non-members
-    finally:
-        group.Free()
-    process_set.process_set_id = state.next_process_set_id
-    state.next_process_set_id += 1
-    member = comm != MPI.COMM_NULL
-    state.process_sets[process_set.process_set_id] = _state.ProcessSetComms(
-        tuple(ranks), comm if member else None, comm.Dup() if member else None
-    )
+    fields = {"collective": "add_process_set", "ranks": tuple(ranks)}
+    agree(state.comm, fields, error, check=state.settings.check_metadata)
+    process_set.process_set_id = state.process_sets.add(tuple(ranks))
     return process_set
 
 
@@ -114,11 +111,9 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     state = _state.current()
     if process_set.process_set_id in (None, 0):
         return False
-    agree(state.comm, {"collective": "remove_process_set", "id": process_set.process_set_id})
-    entry = state.process_sets.pop(process_set.process_set_id, None)
-    if entry is not None and entry.comm is not None:
-        entry.comm.Free()
-        entry.engine_comm.Free()
+    fields = {"collective": "remove_process_set", "id": process_set.process_set_id}
+    agree(state.comm, fields, check=state.settings.check_metadata)
+    entry = state.process_sets.remove(process_set.process_set_id)
     if entry is not None:
         process_set._ranks = list(entry.ranks)
     process_set.process_set_id = None
@@ -137,7 +132,7 @@ def communicator(process_set) -> tuple:
         process_set = global_process_set
     if not isinstance(process_set, ProcessSet):
         raise TypeError(f"process_set must be a ProcessSet, got {type(process_set).__name__}")
-    entry = state.process_sets.get(process_set.process_set_id)
+    entry = state.process_sets.lookup(process_set.process_set_id)
     if entry is None:
         raise ValueError(
             f"{process_set!r} is not registered: call hvd.add_process_set() on every rank first"
@@ -149,3 +144,18 @@ def communicator(process_set) -> tuple:
             "only its members may call collectives on it"
         )
     return comm, ranks
+
+
+def process_set_ranks(process_set_id: int) -> list:
+    """Return the global ranks of the registered process set `process_set_id`.
+
+    Raises:
+        ValueError: no process set has that id.
+    """
+    entry = _state.current().process_sets.lookup(process_set_id)
+    if entry is None:
+        raise ValueError(
+            f"no process set has id {process_set_id}: register it with hvd.add_process_set() "
+            "on every rank first"
+        )
+    return list(entry.ranks)

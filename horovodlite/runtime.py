@@ -1,6 +1,10 @@
-"""What this horovodlite can do: Horovod's `*_built()` / `*_enabled()` queries."""
+"""What this horovodlite can do: Horovod's `*_built()` / `*_enabled()` queries, CUDA-aware MPI."""
 
+import ctypes
+import functools
 import importlib.util
+
+from .config import env_flag, env_value
 
 __all__ = [
     "mpi_built",
@@ -12,6 +16,7 @@ __all__ = [
     "ddl_built",
     "rocm_built",
     "cuda_built",
+    "cuda_aware_mpi",
 ]
 
 
@@ -58,3 +63,40 @@ def rocm_built() -> bool:
 def cuda_built() -> bool:
     """Return whether CuPy is installed, so GPU arrays can be used."""
     return importlib.util.find_spec("cupy") is not None
+
+
+def _mpi_library_handle():
+    """Return a ctypes handle on the loaded MPI shared library, or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libmpi" in line.rsplit("/", 1)[-1]}
+    except OSError:
+        paths = set()
+    for path in sorted(paths):
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
+@functools.cache
+def cuda_aware_mpi() -> bool:
+    """Return whether the MPI library accepts GPU buffers.
+
+    `HOROVODLITE_CUDA_AWARE_MPI=1` or `=0` overrides the library's own answer
+    (`MPIX_Query_cuda_support`, exported by MPICH and Open MPI). Asked before init() too, so it
+    reads its one setting itself, once.
+    """
+    override = env_value("CUDA_AWARE_MPI", None, env_flag)
+    if override is not None:
+        return override
+    library = _mpi_library_handle()
+    query = getattr(library, "MPIX_Query_cuda_support", None) if library is not None else None
+    if query is None:
+        return False
+    query.restype = ctypes.c_int
+    return bool(query())

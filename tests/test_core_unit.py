@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import horovodlite as hvd
-from horovodlite import agreement, algorithms
+from horovodlite import agreement, algorithms, config
 from horovodlite.algorithms.scratch import chunk_bounds
 from horovodlite.ops import ReduceOp, resolve_op
 
@@ -132,14 +132,15 @@ def test_algorithm_choice(monkeypatch):
     assert algorithms.choose("mpi", table, small, bf16, np) == "mpi"  # a user-defined MPI op
     assert algorithms.requested_algorithm(None, default="ring") == "ring"
     assert algorithms.requested_algorithm("mpi", default="ring") == "mpi"
-    assert algorithms.algorithm_from_environment() is None
+    from_environment = lambda: config.Settings.from_environment().allreduce_algorithm  # noqa: E731
+    assert from_environment() is None
     monkeypatch.setenv("HOROVODLITE_ALLREDUCE_ALGORITHM", "ring")
-    assert algorithms.algorithm_from_environment() == "ring"
+    assert from_environment() == "ring"
     monkeypatch.setenv("HOROVODLITE_ALLREDUCE_ALGORITHM", "auto")
-    assert algorithms.algorithm_from_environment() is None
+    assert from_environment() is None
     monkeypatch.setenv("HOROVODLITE_ALLREDUCE_ALGORITHM", "tree")
     with pytest.raises(ValueError, match="HOROVODLITE_ALLREDUCE_ALGORITHM='tree': unknown algo"):
-        algorithms.algorithm_from_environment()
+        from_environment()
     with pytest.raises(ValueError, match="unknown algorithm 'tree': use one of ring, naive, mpi"):
         algorithms.requested_algorithm("tree")
     with pytest.raises(ValueError, match="not available here: use one of ring, mpi"):

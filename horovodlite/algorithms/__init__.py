@@ -1,10 +1,10 @@
 """All-reduce and reduce-scatter algorithms, and the default choice between them.
 
-Each algorithm is a function on a flat contiguous buffer: `allreduce(comm, buf, op, xp)` reduces
-in place; `reducescatter(comm, buf, bounds, op, xp)` returns this rank's chunk.
+Each algorithm is a function on a flat contiguous buffer: `allreduce(comm, buf, op, xp,
+segment_bytes)` reduces in place; `reducescatter(comm, buf, bounds, op, xp, segment_bytes)` returns
+this rank's chunk. `segment_bytes` (Settings.ring_segment_bytes) caps one message of an algorithm
+that pipelines its chunks; the others send each chunk whole and ignore it.
 """
-
-import os
 
 from .naive import naive_allreduce
 from .native import mpi_allreduce, mpi_reducescatter, supports
@@ -14,7 +14,6 @@ __all__ = [
     "ALLREDUCE",
     "REDUCESCATTER",
     "SMALL_MESSAGE_BYTES",
-    "algorithm_from_environment",
     "choose",
     "requested_algorithm",
 ]
@@ -26,19 +25,6 @@ REDUCESCATTER = {"ring": ring_reducescatter, "mpi": mpi_reducescatter}
 # memory MPICH beat the Python ring at 2, 3 and 4 ranks up to 1 MiB; above it the ring's bandwidth
 # optimality wins. Measured in docs/benchmarks.md (crossover).
 SMALL_MESSAGE_BYTES = 1024 * 1024
-
-
-def algorithm_from_environment():
-    """Return the default that HOROVODLITE_ALLREDUCE_ALGORITHM sets (None: choose by size).
-
-    init() reads it once; reading the environment on every call costs more than a small
-    all-reduce is allowed to.
-    """
-    value = os.environ.get("HOROVODLITE_ALLREDUCE_ALGORITHM") or None
-    try:
-        return requested_algorithm(value)
-    except ValueError as exc:
-        raise ValueError(f"HOROVODLITE_ALLREDUCE_ALGORITHM={value!r}: {exc}") from None
 
 
 def requested_algorithm(algorithm, default=None):

@@ -20,8 +20,8 @@ _TAG_RESULT = 22
 _ROOT = 0
 
 
-def naive_allreduce(comm, buf, op, xp) -> None:
-    """All-reduce the flat contiguous `buf` in place through rank 0."""
+def naive_allreduce(comm, buf, op, xp, segment_bytes: int = 0) -> None:
+    """All-reduce the flat contiguous `buf` in place through rank 0 (each buffer in one message)."""
     n = comm.size
     if n == 1 or buf.size == 0:
         return

@@ -45,15 +45,15 @@ def supports(dtype: np.dtype, xp) -> bool:
     return xp is np or native_mpi_type(dtype) is not None
 
 
-def mpi_allreduce(comm, buf, op, xp) -> None:
-    """All-reduce the flat contiguous `buf` in place with MPI_Allreduce."""
+def mpi_allreduce(comm, buf, op, xp, segment_bytes: int = 0) -> None:
+    """All-reduce the flat contiguous `buf` in place with MPI_Allreduce (it segments itself)."""
     if comm.size == 1 or buf.size == 0:
         return
     mpi_type, mpi_op = _datatype_and_op(buf.dtype, op)
     comm.Allreduce(MPI.IN_PLACE, [buf, mpi_type], mpi_op)
 
 
-def mpi_reducescatter(comm, buf, bounds, op, xp):
+def mpi_reducescatter(comm, buf, bounds, op, xp, segment_bytes: int = 0):
     """Reduce `buf` across ranks with MPI_Reduce_scatter; return this rank's chunk."""
     lo, hi = bounds[comm.rank]
     out = xp.empty(hi - lo, dtype=buf.dtype)

@@ -5,8 +5,6 @@ bandwidth-optimal schedule. Each chunk's final value is computed by exactly one 
 copied, so every rank ends with bitwise-identical results.
 """
 
-import os
-
 from mpi4py import MPI
 
 from ..buffers import wire_type
@@ -19,17 +17,11 @@ _TAG_SCATTER_REDUCE = 11
 _TAG_ALLGATHER = 12
 
 
-def _segment_elements(itemsize: int) -> int:
-    # Large chunks travel as segments so that reducing one overlaps receiving the next.
-    segment_bytes = int(os.environ.get("HOROVODLITE_RING_SEGMENT_BYTES", 1 << 20))
-    return max(1, segment_bytes // itemsize)
-
-
 def _segments(start: int, stop: int, step: int):
     return [(lo, min(lo + step, stop)) for lo in range(start, stop, step)] or [(start, start)]
 
 
-def scatter_reduce(comm, buf, bounds, op, xp) -> None:
+def scatter_reduce(comm, buf, bounds, op, xp, segment_bytes: int) -> None:
     """Reduce chunk `bounds[r]` of every rank's `buf` into rank r's `buf`, in n-1 steps.
 
     At step s rank r sends chunk r-s-1 to its right neighbour and receives chunk r-s-2 from its
@@ -38,7 +30,8 @@ def scatter_reduce(comm, buf, bounds, op, xp) -> None:
     n, r = comm.size, comm.rank
     right, left = (r + 1) % n, (r - 1) % n
     wire = wire_type(buf.dtype)
-    segment = _segment_elements(buf.dtype.itemsize)
+    # Large chunks travel as segments so that reducing one overlaps receiving the next.
+    segment = max(1, segment_bytes // buf.dtype.itemsize)
     incoming = scratch(xp, buf.dtype, max(hi - lo for lo, hi in bounds))
     for step in range(n - 1):
         send_lo, send_hi = bounds[(r - step - 1) % n]
@@ -76,18 +69,18 @@ def allgather_chunks(comm, buf, bounds) -> None:
         )
 
 
-def ring_allreduce(comm, buf, op, xp) -> None:
+def ring_allreduce(comm, buf, op, xp, segment_bytes: int) -> None:
     """All-reduce the flat contiguous `buf` in place with the ring algorithm."""
     if comm.size == 1 or buf.size == 0:
         return
     bounds = chunk_bounds(buf.size, comm.size)
-    scatter_reduce(comm, buf, bounds, op, xp)
+    scatter_reduce(comm, buf, bounds, op, xp, segment_bytes)
     allgather_chunks(comm, buf, bounds)
 
 
-def ring_reducescatter(comm, buf, bounds, op, xp):
+def ring_reducescatter(comm, buf, bounds, op, xp, segment_bytes: int):
     """Reduce `buf` across ranks and return this rank's chunk `bounds[rank]` (a view of buf)."""
     if comm.size > 1:
-        scatter_reduce(comm, buf, bounds, op, xp)
+        scatter_reduce(comm, buf, bounds, op, xp, segment_bytes)
     lo, hi = bounds[comm.rank]
     return buf[lo:hi]

@@ -15,6 +15,7 @@ All data is float32 holding small integers, so every sum is exact in any order.
 """
 
 import contextlib
+import dataclasses
 import os
 from functools import partial
 from typing import Callable, NamedTuple
@@ -145,12 +146,13 @@ class Horovodlite(Contender):
         import horovodlite
 
         state = horovodlite.state.current()
-        saved = state.check_metadata
-        state.check_metadata = saved and self.name != "auto-nocheck"
+        saved = state.settings
+        if self.name == "auto-nocheck":
+            state.settings = dataclasses.replace(saved, check_metadata=False)
         try:
             yield
         finally:
-            state.check_metadata = saved
+            state.settings = saved
 
     def supports(self, collective: str) -> bool:
         return collective in _HOROVODLITE_SUPPORT[self.name]

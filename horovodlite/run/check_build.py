@@ -24,7 +24,7 @@ def _importable(module: str) -> tuple:
 def _mpi_facts() -> tuple:
     from mpi4py import MPI
 
-    from ..buffers import cuda_aware_mpi
+    from ..runtime import cuda_aware_mpi
 
     library = " ".join(MPI.Get_library_version().split("\n", 1)[0].split())
     major, minor = MPI.Get_version()

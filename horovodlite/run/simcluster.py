@@ -47,8 +47,6 @@ import ipaddress
 import itertools
 import math
 import os
-import re
-import shutil
 import signal
 import stat
 import subprocess
@@ -59,6 +57,19 @@ from typing import NamedTuple
 
 from .errors import LaunchError
 from .mpi_launcher import HYDRA, detect_flavour, find_mpiexec
+from .netns import (
+    PREFIX,
+    choose_subnet,
+    cleanup_stale,
+    ip,
+    kill_namespace_processes,
+    parse_delay,
+    parse_rate,
+    remove,
+    tc,
+    tool,
+    unavailable_reason,
+)
 
 __all__ = [
     "NETWORK_ENV",
@@ -71,10 +82,7 @@ __all__ = [
     "unavailable_reason",
 ]
 
-PREFIX = "hvl"
-_POOL = ipaddress.IPv4Network("10.213.0.0/16")
 _MAX_HOSTS = 200
-_TAG = re.compile(rf"^{PREFIX}([0-9a-f]+)_([0-9a-f]+)")
 _LOCK_PATH = os.path.join(tempfile.gettempdir(), "horovodlite-simcluster.lock")
 _counter = itertools.count()
 
@@ -106,208 +114,6 @@ class SimulatedHost(NamedTuple):
     namespace: str
     address: str
     veth: str
-
-
-def parse_rate(rate) -> int | None:
-    """Return a link rate in bits per second from "100mbit", "1gbit", "1.5Gbit/s" or a number.
-
-    Raises:
-        ValueError: not a positive rate.
-    """
-    if rate is None:
-        return None
-    if isinstance(rate, (int, float)) and not isinstance(rate, bool):
-        bits = float(rate)
-    else:
-        match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(?:([kmgt]?)bit(?:/s)?)?\s*",
-                             str(rate), re.IGNORECASE)  # fmt: skip
-        if match is None:
-            raise ValueError(
-                f"rate {rate!r} is not a link rate: write e.g. '100mbit', '1gbit' or a number of "
-                f"bits per second (tc's 'mbps' would mean megabytes)"
-            )
-        scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[(match.group(2) or "").lower()]
-        bits = float(match.group(1)) * scale
-    if not bits >= 8000:
-        raise ValueError(f"rate {rate!r} is below 8 kbit/s, which tc cannot shape")
-    return int(bits)
-
-
-def parse_delay(delay) -> int | None:
-    """Return a one-way delay in microseconds from "0.1ms", "100us", "1s" or seconds.
-
-    Raises:
-        ValueError: not a non-negative delay.
-    """
-    if delay is None:
-        return None
-    if isinstance(delay, (int, float)) and not isinstance(delay, bool):
-        seconds = float(delay)
-    else:
-        match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(s|ms|us)\s*", str(delay))
-        if match is None:
-            raise ValueError(f"delay {delay!r} is not a time: write e.g. '0.1ms' or '100us'")
-        seconds = float(match.group(1)) * {"s": 1, "ms": 1e-3, "us": 1e-6}[match.group(2)]
-    if not seconds >= 0:
-        raise ValueError(f"delay {delay!r} must not be negative")
-    return round(seconds * 1e6)
-
-
-def _tool(name: str) -> str | None:
-    return shutil.which(name) or next(
-        (p for p in (f"/usr/sbin/{name}", f"/sbin/{name}") if os.access(p, os.X_OK)), None
-    )
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    ip = _tool("ip")
-    if ip is None:
-        raise LaunchError("the simulated cluster needs the ip tool: apt-get install iproute2")
-    result = subprocess.run([ip, *args], capture_output=True, text=True, timeout=60)
-    if check and result.returncode != 0:
-        raise LaunchError(f"ip {' '.join(args)} failed: {result.stderr.strip()}")
-    return result
-
-
-def _tc(*args: str, namespace: str | None = None) -> None:
-    tc = _tool("tc")
-    if tc is None:
-        raise LaunchError("link rate and delay need the tc tool: apt-get install iproute2")
-    argv = [tc, *args] if namespace is None else [tc, "-netns", namespace, *args]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    if result.returncode != 0:
-        error = result.stderr.strip()
-        hint = ""
-        if "netem" in args and "unknown" in error.lower():
-            hint = (
-                ": this kernel has no netem queueing discipline (CONFIG_NET_SCH_NETEM, "
-                "modprobe sch_netem), so links cannot be delayed here; leave delay out"
-            )
-        raise LaunchError(f"tc {' '.join(args)} failed: {error}{hint}")
-
-
-def unavailable_reason() -> str | None:
-    """Return why no simulated cluster can be built here, or None.
-
-    Checks for root and the ip and tc tools, then creates and removes a namespace and a bridge.
-    """
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "the simulated cluster needs root (network namespaces, veths, tc)"
-    for tool in ("ip", "tc"):
-        if _tool(tool) is None:
-            return f"the simulated cluster needs the {tool} tool: apt-get install iproute2"
-    # Named like a cluster's, so that cleanup_stale() removes them if this process dies here.
-    probe = f"{PREFIX}{os.getpid():x}_0p"
-    for create, delete, what in (
-        (("netns", "add", probe), ("netns", "delete", probe), "a network namespace"),
-        (("link", "add", probe, "type", "bridge"), ("link", "delete", probe), "a bridge"),
-    ):
-        result = _ip(*create, check=False)
-        if result.returncode != 0:
-            return f"cannot create {what} here (ip {' '.join(create)}: {result.stderr.strip()})"
-        _ip(*delete, check=False)
-    return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _namespaces() -> list:
-    result = _ip("netns", "list", check=False)
-    return [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
-
-
-def _links() -> list:
-    result = _ip("-o", "link", "show", check=False)
-    names = []
-    for line in result.stdout.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) >= 2:
-            names.append(parts[1].strip().split("@", 1)[0])
-    return names
-
-
-def _kill_namespace_processes(namespace: str) -> None:
-    # Processes left in one of our namespaces are ranks or proxies this cluster started.
-    result = _ip("netns", "pids", namespace, check=False)
-    for pid in result.stdout.split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
-
-
-def _remove(namespaces: list, links: list, directories: list) -> list:
-    """Remove namespaces (killing what runs in them), links and directories; return errors."""
-    errors = []
-    for namespace in namespaces:
-        _kill_namespace_processes(namespace)
-    # Links first: deleting a root-side veth takes its peer along at once, whereas a deleted
-    # namespace releases its interfaces only later, asynchronously.
-    present = set(_links())
-    for link in links:
-        if link in present:
-            result = _ip("link", "delete", link, check=False)
-            if result.returncode != 0 and link in _links():
-                errors.append(f"ip link delete {link}: {result.stderr.strip()}")
-    for namespace in namespaces:
-        result = _ip("netns", "delete", namespace, check=False)
-        if result.returncode != 0 and namespace in _namespaces():
-            errors.append(f"ip netns delete {namespace}: {result.stderr.strip()}")
-    for directory in directories:
-        shutil.rmtree(directory, ignore_errors=True)
-    return errors
-
-
-def cleanup_stale() -> list:
-    """Remove namespaces, links and script folders left by dead processes; return their names."""
-
-    def dead(name: str) -> bool:
-        match = _TAG.match(name)
-        return match is not None and not _pid_alive(int(match.group(1), 16))
-
-    namespaces = [n for n in _namespaces() if dead(n)]
-    links = [n for n in _links() if dead(n)]
-    tmp = tempfile.gettempdir()
-    directories = [os.path.join(tmp, n) for n in os.listdir(tmp) if dead(n)]
-    _remove(namespaces, links, directories)
-    return namespaces + links + directories
-
-
-def _used_networks() -> list:
-    used = []
-    for args in (("-4", "-o", "addr", "show"), ("-4", "route", "show", "table", "all")):
-        for line in _ip(*args, check=False).stdout.splitlines():
-            for word in line.split():
-                if "/" in word or re.fullmatch(r"[0-9]+(\.[0-9]+){3}", word):
-                    try:
-                        used.append(ipaddress.IPv4Network(word, strict=False))
-                    except ValueError:
-                        pass
-    return used
-
-
-def _choose_subnet(requested) -> ipaddress.IPv4Network:
-    used = _used_networks()
-    if requested is not None:
-        overlap = [str(n) for n in used if n.overlaps(requested)]
-        if overlap:
-            raise LaunchError(
-                f"subnet {requested} overlaps networks already in use here ({', '.join(overlap)}):"
-                f" pick another private subnet or leave subnet unset"
-            )
-        return requested
-    for candidate in _POOL.subnets(new_prefix=24):
-        if not any(n.overlaps(candidate) for n in used):
-            return candidate
-    raise LaunchError(f"no free /24 left in {_POOL} for a simulated cluster: pass subnet=")
 
 
 class SimulatedCluster:
@@ -389,7 +195,7 @@ class SimulatedCluster:
                 # Choosing a subnet and claiming it must not interleave with another cluster's.
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 cleanup_stale()
-                self.subnet = _choose_subnet(self.requested_subnet)
+                self.subnet = choose_subnet(self.requested_subnet)
                 self._create_bridge()
             for index in range(self.num_hosts):
                 self._create_host(index)
@@ -407,7 +213,7 @@ class SimulatedCluster:
         if not self._started:
             return
         self._started = False
-        errors = _remove(
+        errors = remove(
             self._created_namespaces,
             self._created_links,
             [self.script_dir] if self.script_dir else [],
@@ -437,9 +243,9 @@ class SimulatedCluster:
         addresses = self.subnet.hosts()
         self.bridge_address = str(next(addresses))
         self._created_links.append(self.bridge)
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self.bridge_address}/{self.subnet.prefixlen}", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
+        ip("link", "add", self.bridge, "type", "bridge")
+        ip("addr", "add", f"{self.bridge_address}/{self.subnet.prefixlen}", "dev", self.bridge)
+        ip("link", "set", self.bridge, "up")
         self._free_addresses = addresses
 
     def _create_host(self, index: int) -> None:
@@ -450,15 +256,15 @@ class SimulatedCluster:
             veth=f"{self.tag}v{index:x}",
         )
         self._created_namespaces.append(host.namespace)
-        _ip("netns", "add", host.namespace)
+        ip("netns", "add", host.namespace)
         self._created_links.append(host.veth)
-        _ip("link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns",
+        ip("link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns",
             host.namespace)  # fmt: skip
-        _ip("link", "set", host.veth, "master", self.bridge, "up")
+        ip("link", "set", host.veth, "master", self.bridge, "up")
         ns = ("-n", host.namespace)
-        _ip(*ns, "addr", "add", f"{host.address}/{self.subnet.prefixlen}", "dev", "eth0")
-        _ip(*ns, "link", "set", "eth0", "up")
-        _ip(*ns, "link", "set", "lo", "up")
+        ip(*ns, "addr", "add", f"{host.address}/{self.subnet.prefixlen}", "dev", "eth0")
+        ip(*ns, "link", "set", "eth0", "up")
+        ip(*ns, "link", "set", "lo", "up")
         # Shape both directions: eth0 inside is the host's uplink, the root-side veth its downlink.
         self._shape(host.veth, None)
         self._shape("eth0", host.namespace)
@@ -469,10 +275,10 @@ class SimulatedCluster:
             args = ["qdisc", "add", "dev", device, "root", "netem", "delay", f"{self.delay_us}us"]
             if self.rate_bits:
                 args += ["rate", f"{self.rate_bits}bit"]
-            _tc(*args, "limit", "10000", namespace=namespace)
+            tc(*args, "limit", "10000", namespace=namespace)
         elif self.rate_bits:
             args = ["qdisc", "add", "dev", device, "root", "tbf", "rate", f"{self.rate_bits}bit"]
-            _tc(*args, "burst", str(self.burst_bytes), "latency", "100ms", namespace=namespace)
+            tc(*args, "burst", str(self.burst_bytes), "latency", "100ms", namespace=namespace)
 
     def _write_launcher_script(self) -> None:
         self.script_dir = tempfile.mkdtemp(prefix=f"{self.tag}-")
@@ -480,7 +286,7 @@ class SimulatedCluster:
         addresses = ", ".join(h.address for h in self.hosts)
         path = os.path.join(self.script_dir, "netns-launcher")
         with open(path, "w") as f:
-            f.write(_LAUNCHER_SCRIPT.format(cases=cases, addresses=addresses, ip=_tool("ip")))
+            f.write(_LAUNCHER_SCRIPT.format(cases=cases, addresses=addresses, ip=tool("ip")))
         os.chmod(path, stat.S_IRWXU)
         self.launcher_script = path
 
@@ -493,7 +299,7 @@ class SimulatedCluster:
     def exec_argv(self, host: int, command: list) -> list:
         """Return the argv that runs `command` (an argv list) on host number `host`."""
         self._require_started()
-        return [_tool("ip"), "netns", "exec", self.hosts[host].namespace, *command]
+        return [tool("ip"), "netns", "exec", self.hosts[host].namespace, *command]
 
     def mpiexec(
         self,
@@ -558,7 +364,7 @@ class SimulatedCluster:
         except BaseException as exc:
             os.killpg(proc.pid, signal.SIGKILL)
             for host in self.hosts:
-                _kill_namespace_processes(host.namespace)
+                kill_namespace_processes(host.namespace)
             out, _ = proc.communicate()
             if not isinstance(exc, subprocess.TimeoutExpired):
                 raise

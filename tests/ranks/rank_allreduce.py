@@ -18,7 +18,7 @@ from oracle import (
 )
 
 import horovodlite as hvd
-from horovodlite import algorithms, collectives
+from horovodlite import algorithms, small_allreduce
 from horovodlite.agreement import inline_bytes
 
 
@@ -111,11 +111,17 @@ def test_large_buffer_crosses_ring_segments(algorithm):
 @pytest.mark.parametrize("segment_bytes", ["1", "8", "20"])
 def test_small_ring_segments(monkeypatch, segment_bytes):
     monkeypatch.setenv("HOROVODLITE_RING_SEGMENT_BYTES", segment_bytes)
-    for dtype in (np.float64, np.float16, ml_dtypes.bfloat16, np.uint8):
-        x = rank_values((37,), dtype, hvd.rank(), seed=4)
-        expected = reduce_expected(everyone(x), hvd.Sum)
-        for _, out in forms(x, op=hvd.Sum, algorithm="ring"):
-            assert_reduced(out, expected)
+    reinit()  # init() reads the settings
+    try:
+        assert hvd.state.current().settings.ring_segment_bytes == int(segment_bytes)
+        for dtype in (np.float64, np.float16, ml_dtypes.bfloat16, np.uint8):
+            x = rank_values((37,), dtype, hvd.rank(), seed=4)
+            expected = reduce_expected(everyone(x), hvd.Sum)
+            for _, out in forms(x, op=hvd.Sum, algorithm="ring"):
+                assert_reduced(out, expected)
+    finally:
+        monkeypatch.delenv("HOROVODLITE_RING_SEGMENT_BYTES")
+        reinit()
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16], ids=dtype_id)
@@ -206,7 +212,7 @@ class Spy:
 
 
 class ShortPathSpy:
-    """Count the all-reduces that took the short path to MPI_Allreduce (collectives.py)."""
+    """Count the all-reduces that took the short path to MPI_Allreduce (small_allreduce.py)."""
 
     def __init__(self, spy: Spy, inline: Spy, function):
         self.spy, self.inline, self.function = spy, inline, function
@@ -224,10 +230,10 @@ def spy_on_algorithms(monkeypatch) -> dict:
     spies = {name: Spy(function) for name, function in algorithms.ALLREDUCE.items()}
     for name, spy in spies.items():
         monkeypatch.setitem(algorithms.ALLREDUCE, name, spy)
-    spies["inline"] = Spy(collectives._inline_allreduce)
-    monkeypatch.setattr(collectives, "_inline_allreduce", spies["inline"])
-    short = ShortPathSpy(spies["mpi"], spies["inline"], collectives._short_allreduce)
-    monkeypatch.setattr(collectives, "_short_allreduce", short)
+    spies["inline"] = Spy(small_allreduce.inline_allreduce)
+    monkeypatch.setattr(small_allreduce, "inline_allreduce", spies["inline"])
+    short = ShortPathSpy(spies["mpi"], spies["inline"], small_allreduce.short_allreduce)
+    monkeypatch.setattr(small_allreduce, "short_allreduce", short)
     return spies
 
 
@@ -291,7 +297,7 @@ def test_unchecked_allreduce(monkeypatch):
     monkeypatch.setenv("HOROVODLITE_CHECK_METADATA", "0")
     reinit()
     try:
-        assert not hvd.state.current().check_metadata
+        assert not hvd.state.current().settings.check_metadata
         n, r = hvd.size(), hvd.rank()
         for count in (0, 1, 5, 1000):
             x = np.full(count, r + 1, dtype=np.float64)
@@ -302,7 +308,7 @@ def test_unchecked_allreduce(monkeypatch):
     finally:
         monkeypatch.delenv("HOROVODLITE_CHECK_METADATA")
         reinit()
-    assert hvd.state.current().check_metadata
+    assert hvd.state.current().settings.check_metadata
     still_in_step()
 
 
@@ -322,8 +328,15 @@ def test_grouped_allreduce(algorithm):
         assert out is copy
         assert_reduced(copy, want)
     assert hvd.grouped_allreduce([]) == []
-    with pytest.raises(TypeError, match="one dtype"):
-        hvd.grouped_allreduce([np.ones(2, np.float32), np.ones(2, np.float64)])
+    # Mixed dtypes, as the async form takes them: one fused buffer per dtype, results in order.
+    n = hvd.size()
+    mixed = [np.full(2, r, np.float32), np.full(3, r, np.int64), np.full(1, 2 * r, np.float32)]
+    outs = hvd.grouped_allreduce(mixed, op=hvd.Sum, algorithm=algorithm)
+    total = n * (n - 1) // 2
+    for out, want in zip(outs, [np.full(2, total, np.float32), np.full(3, total, np.int64),
+                                np.full(1, 2 * total, np.float32)]):  # fmt: skip
+        assert out.dtype == want.dtype
+        np.testing.assert_array_equal(out, want)
     still_in_step()
 
 
@@ -355,7 +368,7 @@ def test_mismatched_shape_fails_on_every_rank():
     still_in_step()
 
 
-# Small all-reduces travel inside the metadata check (collectives._inline_allreduce). Whether
+# Small all-reduces travel inside the metadata check (small_allreduce.inline_allreduce). Whether
 # one does depends only on what the ranks agree on, never on how each rank holds its array.
 
 

@@ -42,7 +42,7 @@ VALID_BUT_DIFFERENT = [
      "algorithm", "'naive'", "'ring'", "allreduce (unnamed)"),
     ("root", lambda: hvd.broadcast(np.ones(3), root_rank=on_odd(1, 0), name="b"),
      "root_rank", "1", "0", "broadcast 'b'"),
-    ("collective", lambda: on_odd(hvd.broadcast, hvd.allreduce)(np.ones(3), 0),
+    ("collective", lambda: on_odd(lambda x: hvd.broadcast(x, 0), hvd.allreduce)(np.ones(3)),
      "collective", "'broadcast'", "'allreduce'", "collective"),
     ("allgather trailing dimensions", lambda: hvd.allgather(np.ones((2, on_odd(4, 3))), name="g"),
      "trailing_shape", "(4,)", "(3,)", "allgather 'g'"),

@@ -10,7 +10,7 @@ import pytest
 from oracle import ALGORITHMS, OPS, WORLD, assert_reduced, everyone, rank_values, reduce_expected
 
 import horovodlite as hvd
-from horovodlite import buffers
+from horovodlite import runtime
 
 try:
     import cupy
@@ -44,10 +44,10 @@ def transfer(request, monkeypatch):
     cupy.cuda.Device(hvd.local_rank() % _device_count()).use()
     if request.param == "staged through the host":
         monkeypatch.setenv("HOROVODLITE_CUDA_AWARE_MPI", "0")
-    buffers.cuda_aware_mpi.cache_clear()
+    runtime.cuda_aware_mpi.cache_clear()
     yield request.param
     monkeypatch.undo()
-    buffers.cuda_aware_mpi.cache_clear()
+    runtime.cuda_aware_mpi.cache_clear()
 
 
 def on_gpu(x):

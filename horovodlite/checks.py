@@ -1,0 +1,92 @@
+"""Argument checks of the collectives, run before any communication.
+
+An argument error found on one rank must fail on every rank, not only there: so the checks do
+not raise at once; `checked()` returns the error for the collective's Plan to carry through the
+agreement step, where every rank raises it (plan.py).
+"""
+
+import operator
+
+import numpy as np
+
+from .buffers import array_module, as_array
+from .ops import ReduceOp
+from .process_sets import communicator, global_process_set
+
+__all__ = [
+    "check_reduction",
+    "check_writable",
+    "check_rows",
+    "root_index",
+    "checked",
+    "prepare",
+    "set_id",
+]
+
+
+def check_reduction(array, op: ReduceOp, prescale: float, postscale: float) -> None:
+    """Raise if `op` with these scale factors cannot reduce `array`."""
+    if op == ReduceOp.ADASUM:
+        raise NotImplementedError("Adasum is not implemented in horovodlite: use Average or Sum")
+    if array.dtype == np.bool_:
+        if op == ReduceOp.AVERAGE:
+            raise TypeError("Average of bool arrays is undefined: use Sum (or) or Min (and)")
+        if prescale != 1.0 or postscale != 1.0:
+            raise TypeError("bool arrays cannot be scaled: drop prescale/postscale_factor")
+
+
+def check_writable(array, what: str) -> None:
+    """Raise if the in-place collective `what` cannot write into `array`."""
+    if not getattr(array.flags, "writeable", True):
+        raise ValueError(f"{what} writes into its input, but the array is read-only")
+
+
+def check_rows(array, what: str) -> None:
+    """Raise if `array` has no dimension 0 for the collective `what` to work on."""
+    if array.ndim == 0:
+        raise ValueError(f"{what} works on dimension 0, but got a 0-d array: reshape it to (1,)")
+
+
+def root_index(root_rank, ranks) -> int:
+    """Return the position of global rank `root_rank` in the process set `ranks`."""
+    try:
+        root = operator.index(root_rank)
+    except TypeError:
+        raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}") from None
+    if root not in ranks:
+        raise ValueError(
+            f"root_rank {root} is not a rank of this process set (ranks {list(ranks)})"
+        )
+    return list(ranks).index(root)
+
+
+def checked(check, error=None):
+    """Run `check()`; return (its result, None) or (None, the argument error it raised).
+
+    An `error` found earlier (an input that is no supported array) is returned without checking.
+    """
+    if error is not None:
+        return None, error
+    try:
+        return check(), None
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        return None, exc
+
+
+def prepare(tensor, process_set):
+    """Return (communicator, global ranks, array, array module, input error) for a collective.
+
+    An input that is no supported array must fail on every rank, not only here, so its
+    TypeError is returned (with an empty stand-in array) for the plan to carry.
+    """
+    comm, ranks = communicator(process_set)
+    try:
+        array = as_array(tensor)
+    except TypeError as exc:
+        return comm, ranks, np.empty(0, dtype=np.uint8), np, exc
+    return comm, ranks, array, array_module(array), None
+
+
+def set_id(process_set) -> int:
+    """Return the registry id of `process_set` (None means the global set)."""
+    return (process_set or global_process_set).process_set_id

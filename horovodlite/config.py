@@ -1,0 +1,99 @@
+"""Settings: every HOROVODLITE_* environment variable, read in this one module.
+
+`init()` reads them once into a frozen `Settings`, so a bad value fails before any communicator
+exists and no collective pays for an environment lookup (one costs more than a small all-reduce
+may). Every setting that Horovod also has falls back to Horovod's `HOROVOD_*` name, so a Horovod
+job script keeps its tuning; the `HOROVODLITE_*` name wins when both are set, and an empty value
+counts as unset.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from . import algorithms
+
+__all__ = ["Settings", "env_value", "env_flag"]
+
+
+def env_value(name: str, default, cast: Callable = str, horovod: bool = False):
+    """Return HOROVODLITE_<name> cast by `cast`, else HOROVOD_<name> if `horovod`, else `default`.
+
+    Raises:
+        ValueError: the value does not parse, naming the variable.
+    """
+    prefixes = ("HOROVODLITE_", "HOROVOD_") if horovod else ("HOROVODLITE_",)
+    for prefix in prefixes:
+        value = os.environ.get(prefix + name)
+        if value not in (None, ""):
+            try:
+                return cast(value)
+            except ValueError as exc:
+                raise ValueError(f"{prefix}{name}={value!r}: {exc}") from None
+    return default
+
+
+def env_flag(value: str) -> bool:
+    """Parse a yes/no setting: 0, false, no and off are False; 1, true, yes and on are True."""
+    word = value.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected 1/0, true/false, yes/no or on/off")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of one initialized job. Environment names drop the HOROVODLITE_ prefix.
+
+    Attributes:
+        check_metadata: CHECK_METADATA (default on): agree on every collective's metadata first.
+        allreduce_algorithm: ALLREDUCE_ALGORITHM: "ring", "naive", "mpi", or None (by size).
+        ring_segment_bytes: RING_SEGMENT_BYTES (1 MiB): the ring's largest single message.
+        cycle_time: CYCLE_TIME (ms; Horovod's too), stored in seconds: the engine's cycle.
+        fusion_threshold: FUSION_THRESHOLD (bytes; Horovod's too): 0 disables fusion.
+        stall_check: STALL_CHECK_TIME_SECONDS (Horovod's too): seconds before a stall warning.
+        stall_shutdown: STALL_SHUTDOWN_TIME_SECONDS (Horovod's too): 0 never stops the engine.
+        timeline: TIMELINE (Horovod's too): a Chrome-trace file written by rank 0, or None.
+        timeline_mark_cycles: TIMELINE_MARK_CYCLES (Horovod's too): mark engine cycles.
+    """
+
+    check_metadata: bool = True
+    allreduce_algorithm: Optional[str] = None
+    ring_segment_bytes: int = 1 << 20
+    cycle_time: float = 0.001
+    fusion_threshold: int = 128 * 1024 * 1024
+    stall_check: float = 60.0
+    stall_shutdown: float = 0.0
+    timeline: Optional[str] = None
+    timeline_mark_cycles: bool = False
+
+    @classmethod
+    def from_environment(cls) -> "Settings":
+        """Read every setting from the environment.
+
+        Raises:
+            ValueError: a value does not parse, or names no known algorithm.
+        """
+        algorithm = env_value("ALLREDUCE_ALGORITHM", None)
+        try:
+            algorithm = algorithms.requested_algorithm(algorithm)
+        except ValueError as exc:
+            raise ValueError(f"HOROVODLITE_ALLREDUCE_ALGORITHM={algorithm!r}: {exc}") from None
+        segment = env_value("RING_SEGMENT_BYTES", cls.ring_segment_bytes, int)
+        if segment < 1:
+            raise ValueError(f"HOROVODLITE_RING_SEGMENT_BYTES must be positive, got {segment}")
+        return cls(
+            check_metadata=env_value("CHECK_METADATA", True, env_flag),
+            allreduce_algorithm=algorithm,
+            ring_segment_bytes=segment,
+            cycle_time=env_value("CYCLE_TIME", 1.0, float, horovod=True) / 1000.0,
+            fusion_threshold=env_value("FUSION_THRESHOLD", cls.fusion_threshold, int, True),
+            stall_check=env_value("STALL_CHECK_TIME_SECONDS", cls.stall_check, float, True),
+            stall_shutdown=env_value(
+                "STALL_SHUTDOWN_TIME_SECONDS", cls.stall_shutdown, float, horovod=True
+            ),
+            timeline=env_value("TIMELINE", None, str, horovod=True),
+            timeline_mark_cycles=bool(env_value("TIMELINE_MARK_CYCLES", 0, int, horovod=True)),
+        )

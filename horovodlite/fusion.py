@@ -1,0 +1,86 @@
+"""All-reduce as the synchronous path and the engine share it: one or many arrays, one buffer.
+
+`fused_allreduce` packs compatible all-reduces (equal `FusionEntry.key`) into one fusion
+buffer, runs one algorithm on it, and hands each caller its part. A single all-reduce is the
+case of one entry, so the synchronous call and the engine's fused batches run the same code.
+"""
+
+from contextlib import nullcontext
+
+import numpy as np
+
+from . import algorithms
+from .algorithms.scratch import scratch
+from .buffers import DTYPE_NAMES, synchronize_device
+from .ops import ReduceOp
+from .staging import deliver, flat_work, scale, staged
+
+__all__ = ["FusionEntry", "allreduce_fields", "fused_allreduce"]
+
+
+class FusionEntry:
+    """One all-reduce as the fusion code sees it: its input, and how to return its result."""
+
+    def __init__(self, array, xp, inplace, op, prescale, postscale, requested):
+        self.array, self.xp, self.inplace = array, xp, inplace
+        self.op, self.prescale, self.postscale, self.requested = op, prescale, postscale, requested
+        # All-reduces with equal keys can share one fusion buffer and one collective.
+        self.key = (array.dtype, op, prescale, postscale, requested, xp.__name__)
+
+
+def allreduce_fields(name, array, op, prescale, postscale, requested, on_host: bool) -> dict:
+    """Return what the ranks must agree on for an all-reduce (agreement.py)."""
+    return {
+        "collective": "allreduce",
+        "name": name,
+        "dtype": DTYPE_NAMES[array.dtype],
+        "shape": tuple(array.shape),
+        "op": getattr(op, "name", None),
+        "prescale_factor": float(prescale),
+        "postscale_factor": float(postscale),
+        "algorithm": requested,
+        "device": "cpu" if on_host else "cuda",
+    }
+
+
+def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> list:
+    """All-reduce `entries` (equal keys) as one buffer; return their results in order.
+
+    `segment_bytes` is Settings.ring_segment_bytes. `timeline`, if given, is called as
+    `timeline(phase)` and returns a context manager that records the phase (the engine passes
+    its Chrome-trace recorder).
+    """
+    span = timeline or (lambda phase: nullcontext())
+    first = entries[0]
+    dtype, xp = first.array.dtype, first.xp
+    if len(entries) == 1:
+        buf, module = flat_work(first.array, xp, copy=not first.inplace)
+    else:
+        module = np if staged(xp) else xp
+        total = sum(entry.array.size for entry in entries)
+        buf = scratch(module, dtype, total, slot="fusion")
+        with span("MEMCPY_IN_FUSION_BUFFER"):
+            offset = 0
+            for entry in entries:
+                part, _ = flat_work(entry.array, xp, copy=False)
+                buf[offset : offset + part.size] = part
+                offset += part.size
+        synchronize_device(module)
+    chosen = algorithms.choose(first.requested, algorithms.ALLREDUCE, buf.nbytes, dtype, module)
+    with span(f"ALLREDUCE_{chosen.upper()}"):
+        scale(module, buf, first.prescale)
+        algorithms.ALLREDUCE[chosen](comm, buf, first.op, module, segment_bytes)
+        divisor = comm.size if first.op == ReduceOp.AVERAGE else 1
+        scale(module, buf, first.postscale / divisor)
+    if len(entries) == 1:
+        return [deliver(buf, first.array, xp, first.inplace)]
+    results, offset = [], 0
+    with span("MEMCPY_OUT_FUSION_BUFFER"):
+        for entry in entries:
+            part = buf[offset : offset + entry.array.size]
+            offset += entry.array.size
+            # The fusion buffer is reused, so out-of-place results need their own memory.
+            results.append(
+                deliver(part if entry.inplace else part.copy(), entry.array, xp, entry.inplace)
+            )
+    return results

@@ -1,0 +1,106 @@
+"""init() and shutdown(): build the State and start the engine, then take both down again.
+
+The top of the core: the one module that knows every part a running job needs (settings,
+state, engine, process sets), so none of those parts has to import upward to create another.
+"""
+
+import atexit
+import sys
+import threading
+import time
+
+from mpi4py import MPI
+
+from . import state as _state
+from .config import Settings
+from .engine import Engine
+from .process_sets import add_process_set
+
+__all__ = ["init", "shutdown"]
+
+_lock = threading.Lock()
+_atexit_registered = False
+
+
+def init(comm=None, process_sets=None) -> None:
+    """Initialize horovodlite on `comm` (default: all MPI ranks); a second call does nothing.
+
+    Args:
+        comm: an mpi4py communicator (duplicated), or a list of COMM_WORLD ranks to run on.
+        process_sets: ProcessSet objects to register now, as add_process_set() would.
+
+    Raises:
+        ValueError: a HOROVODLITE_* setting is bad (before any communicator is made), or `comm`
+            lists ranks that do not exist or exclude this one.
+    """
+    global _atexit_registered
+    with _lock:
+        if _state.is_initialized():
+            return
+        settings = Settings.from_environment()
+        state = _state.State(_user_communicator(comm), settings)
+        state.engine = Engine(state)
+        _state.activate(state)
+        if not _atexit_registered:
+            atexit.register(_at_exit)
+            _atexit_registered = True
+    if process_sets and process_sets != "dynamic":
+        for process_set in process_sets:
+            add_process_set(process_set)
+
+
+def _user_communicator(comm) -> MPI.Comm:
+    if comm is None:
+        return MPI.COMM_WORLD
+    if isinstance(comm, MPI.Comm):
+        return comm
+    try:
+        ranks = sorted({int(r) for r in comm})
+    except TypeError:
+        raise TypeError(
+            f"init(comm=...) takes an mpi4py communicator or a list of ranks, "
+            f"got {type(comm).__name__}"
+        ) from None
+    world = MPI.COMM_WORLD
+    if not ranks or ranks[0] < 0 or ranks[-1] >= world.size:
+        raise ValueError(f"init(comm={ranks}): ranks must lie in 0..{world.size - 1}")
+    if world.rank not in ranks:
+        raise ValueError(
+            f"rank {world.rank} called init(comm={ranks}) but is not in it: "
+            f"only the listed ranks may call init"
+        )
+    group = world.Get_group().Incl(ranks)
+    try:
+        return world.Create_group(group)
+    finally:
+        group.Free()
+
+
+def shutdown() -> None:
+    """Stop the engine and release horovodlite's communicators; safe to call twice."""
+    with _lock:
+        state = _state.deactivate()
+    if state is not None and not MPI.Is_finalized():
+        state.engine.stop()
+        state.close()
+
+
+def _at_exit() -> None:
+    """Shut down at interpreter exit; after an uncaught exception, abort the whole job instead.
+
+    MPICH's MPI_Finalize waits for the other ranks, which may be blocked in a collective that
+    this rank will never join: the job would hang. Aborting ends it with a non-zero exit, as
+    `python -m mpi4py` does.
+    """
+    failed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if failed is not None and not hasattr(sys, "ps1") and _state.is_initialized():
+        sys.stderr.write(
+            f"horovodlite: rank {_state.rank()} exits on an uncaught {type(failed).__name__}: "
+            "aborting the job\n"
+        )
+        sys.stderr.flush()
+        # The abort tears the job down at once, and the launcher may drop output it has not
+        # forwarded yet (this line, the traceback): give it a moment on this failure path.
+        time.sleep(0.5)
+        MPI.COMM_WORLD.Abort(1)
+    shutdown()

@@ -1,0 +1,147 @@
+"""The short ways for small all-reduces: inside the metadata check, or straight to MPI.
+
+A small all-reduce is bound by latency: building a Plan, its closures and a working copy cost
+more than MPICH's whole all-reduce (docs/benchmarks.md). Two things keep it cheap:
+
+- **Inline.** A tensor that fits in the check's records travels inside its own metadata check
+  (agreement.exchange_with_data): every rank gathers every rank's tensor with the digests,
+  checks them, and reduces locally in rank order, so all ranks compute bitwise the same result.
+  One message instead of a check and then the all-reduce is what the tiny tensors that training
+  loops average (losses, metrics) need.
+- **Short path.** `short_allreduce` makes the same check as the general path (the digest of the
+  same fields, so ranks on either path match) and the same MPI call, with as little Python as
+  possible.
+
+Whether an all-reduce travels inline depends only on what the digest covers and on the group
+size (`travels_inline`, the one rule for both paths), so ranks that agree always take the same
+way, and ranks that differ meet in the same exchange and raise.
+"""
+
+import numpy as np
+from mpi4py import MPI
+
+from . import algorithms
+from .agreement import digest, exchange_with_data, explain, inline_bytes, same_everywhere
+from .algorithms.native import MPI_OPS
+from .buffers import native_mpi_type
+from .fusion import allreduce_fields
+from .ops import ReduceOp
+from .process_sets import global_process_set
+from .staging import deliver, scale
+from .state import current
+
+__all__ = ["travels_inline", "inline_allreduce", "short_allreduce"]
+
+_AVERAGE, _ADASUM = ReduceOp.AVERAGE, ReduceOp.ADASUM  # an Enum's class attribute costs 0.1 µs
+_UFUNCS = {
+    ReduceOp.AVERAGE: np.add,
+    ReduceOp.SUM: np.add,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.PRODUCT: np.multiply,
+}
+
+
+def travels_inline(array, op, scaled: bool, requested, size: int) -> bool:
+    """Return whether a checked all-reduce of host `array` rides in the metadata check.
+
+    The one rule for both the short and the general path: it reads only what the digest covers
+    and the group size, so every rank decides alike.
+    """
+    return (
+        requested is None
+        and not scaled
+        and op in _UFUNCS
+        and array.nbytes <= inline_bytes(size)
+        and native_mpi_type(array.dtype) is not None
+    )
+
+
+def inline_allreduce(comm, own: int, array, op, inplace: bool, fields, ranks=None):
+    """All-reduce `array` in the check's records; `fields()` explains a mismatch.
+
+    `ranks` are the global ranks of `comm`'s members, for that explanation.
+    """
+    rows = exchange_with_data(comm, own, array)
+    if rows is None:
+        explain(comm, fields(), ranks=ranks)
+    # Rank by rank, so every rank adds in the same order and gets the same bits. (A pairwise
+    # ufunc on cached rows is three times faster here than ufunc.reduce over a 2-D view.)
+    ufunc = _UFUNCS[op]
+    out = ufunc(rows[0], rows[1]) if len(rows) > 1 else rows[0].copy()
+    for row in rows[2:]:
+        ufunc(out, row, out=out)
+    if op is _AVERAGE:
+        scale(np, out, 1.0 / comm.size)
+    if inplace:
+        return deliver(out, array, np, inplace)
+    return out if array.ndim == 1 else out.reshape(array.shape)
+
+
+# (name, dtype, shape, op, algorithm, group size) -> (digest, MPI type, travels inline)
+_short_routes: dict = {}
+
+
+def _short_route(tensor, op, name, requested, size: int):
+    """Return (digest, MPI datatype, whether it travels inline) for a short all-reduce.
+
+    The datatype is None where the MPI library cannot reduce this dtype itself (float16,
+    bfloat16, bool, unsupported ones): those go the general way, which also reports errors.
+    """
+    mpi_type = native_mpi_type(tensor.dtype)
+    if mpi_type is None:
+        return None, None, False
+    fields = allreduce_fields(name, tensor, op, 1.0, 1.0, requested, True)
+    return digest(fields), mpi_type, travels_inline(tensor, op, False, requested, size)
+
+
+def short_allreduce(tensor, *, op, name, scaled: bool, process_set, algorithm, inplace: bool):
+    """All-reduce a small contiguous numpy array on all ranks; return None to go the general way.
+
+    `scaled` is whether a prescale/postscale factor other than 1 or `average=` was given.
+    """
+    if (
+        type(tensor) is not np.ndarray
+        or scaled
+        or process_set is not global_process_set
+        or tensor.nbytes > algorithms.SMALL_MESSAGE_BYTES
+        or not tensor.flags.c_contiguous
+        or (inplace and not tensor.flags.writeable)
+    ):
+        return None
+    state = current()
+    requested = state.settings.allreduce_algorithm if algorithm is None else algorithm
+    if requested not in (None, "mpi"):
+        return None
+    if op is None:
+        op = _AVERAGE
+    elif type(op) is not ReduceOp or op is _ADASUM:
+        return None
+    comm = state.comm
+    key = (name, tensor.dtype, tensor.shape, op, requested, comm.size)
+    route = _short_routes.get(key)
+    if route is None:
+        if len(_short_routes) > 4096:  # names that change every step
+            _short_routes.clear()
+        route = _short_routes[key] = _short_route(tensor, op, name, requested, comm.size)
+    own, mpi_type, inline = route
+    if mpi_type is None:
+        return None
+    if state.settings.check_metadata:
+        if inline:
+            return inline_allreduce(
+                comm,
+                own,
+                tensor,
+                op,
+                inplace,
+                lambda: allreduce_fields(name, tensor, op, 1.0, 1.0, requested, True),
+            )
+        if not same_everywhere(comm, own):
+            explain(comm, allreduce_fields(name, tensor, op, 1.0, 1.0, requested, True))
+    out = tensor if inplace else np.empty_like(tensor)
+    send = MPI.IN_PLACE if inplace else [tensor, mpi_type]
+    comm.Allreduce(send, [out, mpi_type], MPI_OPS[op])
+    if op is _AVERAGE:
+        scale(np, out, 1.0 / comm.size)
+    return out

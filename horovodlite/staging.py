@@ -1,0 +1,57 @@
+"""Working buffers: where an algorithm runs, and how its result gets back to the caller.
+
+An algorithm runs on one flat contiguous buffer. Host arrays are used in place where that is
+allowed, else copied; GPU arrays stay on the GPU when the MPI library is CUDA-aware and are
+staged through host memory when it is not.
+"""
+
+import numpy as np
+
+from .buffers import synchronize_device
+from .runtime import cuda_aware_mpi
+
+__all__ = ["staged", "flat_work", "deliver", "scale"]
+
+
+def staged(xp) -> bool:
+    """Return whether GPU data must go through host memory (the MPI is not CUDA-aware)."""
+    return xp is not np and not cuda_aware_mpi()
+
+
+def flat_work(array, xp, copy: bool):
+    """Return (flat contiguous buffer, its module) for an algorithm to run on."""
+    if staged(xp):
+        return xp.asnumpy(array).reshape(-1), np
+    if not copy and array.flags.c_contiguous:
+        buf = array.reshape(-1)
+    else:
+        buf = xp.array(array, copy=True, order="C").reshape(-1)
+    synchronize_device(xp)
+    return buf, xp
+
+
+def deliver(buf, array, xp, inplace: bool, shape=None):
+    """Hand `buf` back shaped as `shape`: as a new array, or written into `array` if in place."""
+    out = buf.reshape(array.shape if shape is None else shape)
+    if xp is not np and isinstance(out, np.ndarray):
+        out = xp.asarray(out)
+    if not inplace:
+        return out
+    if not _same_memory(out, array):
+        array[...] = out
+    return array
+
+
+def _same_memory(a, b) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray):
+        return np.shares_memory(a, b)
+    return a.data.ptr == b.data.ptr
+
+
+def scale(xp, buf, factor: float) -> None:
+    """Multiply `buf` by `factor` in place (nothing for 1.0)."""
+    # Unsafe casting lets integer arrays scale in float64 and truncate toward zero, as Horovod.
+    if factor != 1.0:
+        xp.multiply(buf, factor, out=buf, casting="unsafe")
