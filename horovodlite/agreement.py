@@ -18,11 +18,12 @@ import hashlib
 import math
 import threading
 from collections.abc import Sequence
-from typing import NoReturn, Optional
+from typing import Callable, NoReturn, Optional
 
 import numpy as np
 
 from .exceptions import MismatchError
+from .waiting import default_wait
 
 __all__ = [
     "FAILED",
@@ -84,16 +85,19 @@ def _records_for(size: int) -> _Records:
     return records
 
 
-def exchange(comm, own: int, payload: int = 0) -> tuple:
+Wait = Callable  # wait(request): block until an MPI request completes (waiting.Watch.wait)
+
+
+def exchange(comm, own: int, payload: int = 0, wait: Wait = default_wait) -> tuple:
     """Gather every rank's digest and payload; return (digests, payloads), lists in rank order."""
     records = _records_for(comm.size)
     records.own[0] = own
     records.own[1] = payload
-    comm.Allgather(records.own, records.everyone)
+    wait(comm.Iallgather(records.own, records.everyone))
     return records.digests.tolist(), records.payloads.tolist()
 
 
-def exchange_with_data(comm, own: int, data: np.ndarray):
+def exchange_with_data(comm, own: int, data: np.ndarray, wait: Wait = default_wait):
     """Gather every rank's digest and `data` (at most inline_bytes(comm.size) bytes).
 
     Returns:
@@ -113,7 +117,7 @@ def exchange_with_data(comm, own: int, data: np.ndarray):
     records, room, rows = found
     room[...] = data
     records.own[0] = own
-    comm.Allgather(records.own, records.everyone)
+    wait(comm.Iallgather(records.own, records.everyone))
     return rows if _all_agree(records.digests.tolist()) else None
 
 
@@ -189,13 +193,15 @@ def agree(
     *,
     check: bool = True,
     ranks: Optional[Sequence[int]] = None,
+    wait: Wait = default_wait,
 ):
     """Check that all ranks of `comm` submit the same `fields`; return every rank's `payload`.
 
     `payload` is one integer that may differ per rank by design (allgather's first dimension);
     when given, the returned list holds every rank's, else None is returned. With `check` off
     (HOROVODLITE_CHECK_METADATA=0) only the payloads travel. `ranks` are the global ranks of
-    `comm`'s members, for messages (default: the ranks of `comm` itself).
+    `comm`'s members, for messages (default: the ranks of `comm` itself). `wait(request)` waits
+    for the exchange (the state's Watch, which never waits forever).
 
     Raises:
         `error` on the rank that passed one; MismatchError on every other rank when any rank
@@ -207,21 +213,21 @@ def agree(
         if payload is None:
             return None
         payloads = np.empty(comm.size, dtype=np.int64)
-        comm.Allgather(np.array([payload], dtype=np.int64), payloads)
+        wait(comm.Iallgather(np.array([payload], dtype=np.int64), payloads))
         return payloads.tolist()
     own = FAILED if error is not None else digest(fields)
-    digests, payloads = exchange(comm, own, 0 if payload is None else payload)
+    digests, payloads = exchange(comm, own, 0 if payload is None else payload, wait)
     if _all_agree(digests):
         return None if payload is None else payloads
     explain(comm, fields, error, ranks)
 
 
-def same_everywhere(comm, own: int) -> bool:
+def same_everywhere(comm, own: int, wait: Wait = default_wait) -> bool:
     """Return whether every rank of `comm` sent the digest `own` (and none sent FAILED).
 
     Every rank gets the same answer, so on False all of them go on to explain().
     """
-    digests, _ = exchange(comm, own)
+    digests, _ = exchange(comm, own, 0, wait)
     return _all_agree(digests)
 
 

@@ -28,7 +28,7 @@ from .checks import (
 )
 from .fusion import FusionEntry, allreduce_fields, fused_allreduce
 from .ops import ReduceOp, resolve_op
-from .plan import Plan, run_now, synchronous
+from .plan import Plan, run_now, synchronous, waiter
 from .process_sets import communicator, global_process_set
 from .staging import deliver, flat_work, scale
 from .state import current
@@ -99,8 +99,9 @@ def allreduce_plan(
 
             def inline(comm):
                 own = digest(fields)
+                wait = waiter(current(), fields, ranks)
                 return small_allreduce.inline_allreduce(
-                    comm, own, array, resolved, inplace, lambda: fields, ranks
+                    comm, own, array, resolved, inplace, lambda: fields, ranks, wait
                 )
 
     segment_bytes = settings.ring_segment_bytes

@@ -55,6 +55,8 @@ class Settings:
         fusion_threshold: FUSION_THRESHOLD (bytes; Horovod's too): 0 disables fusion.
         stall_check: STALL_CHECK_TIME_SECONDS (Horovod's too): seconds before a stall warning.
         stall_shutdown: STALL_SHUTDOWN_TIME_SECONDS (Horovod's too): 0 never stops the engine.
+        collective_timeout: COLLECTIVE_TIMEOUT (600): seconds one wait on other ranks may last
+            before it fails and the job is torn down.
         timeline: TIMELINE (Horovod's too): a Chrome-trace file written by rank 0, or None.
         timeline_mark_cycles: TIMELINE_MARK_CYCLES (Horovod's too): mark engine cycles.
     """
@@ -66,6 +68,7 @@ class Settings:
     fusion_threshold: int = 128 * 1024 * 1024
     stall_check: float = 60.0
     stall_shutdown: float = 0.0
+    collective_timeout: float = 600.0
     timeline: Optional[str] = None
     timeline_mark_cycles: bool = False
 
@@ -81,9 +84,9 @@ class Settings:
             algorithm = algorithms.requested_algorithm(algorithm)
         except ValueError as exc:
             raise ValueError(f"HOROVODLITE_ALLREDUCE_ALGORITHM={algorithm!r}: {exc}") from None
-        segment = env_value("RING_SEGMENT_BYTES", cls.ring_segment_bytes, int)
-        if segment < 1:
-            raise ValueError(f"HOROVODLITE_RING_SEGMENT_BYTES must be positive, got {segment}")
+        segment = _positive(
+            "RING_SEGMENT_BYTES", env_value("RING_SEGMENT_BYTES", cls.ring_segment_bytes, int)
+        )
         return cls(
             check_metadata=env_value("CHECK_METADATA", True, env_flag),
             allreduce_algorithm=algorithm,
@@ -94,6 +97,15 @@ class Settings:
             stall_shutdown=env_value(
                 "STALL_SHUTDOWN_TIME_SECONDS", cls.stall_shutdown, float, horovod=True
             ),
+            collective_timeout=_positive(
+                "COLLECTIVE_TIMEOUT", env_value("COLLECTIVE_TIMEOUT", cls.collective_timeout, float)
+            ),
             timeline=env_value("TIMELINE", None, str, horovod=True),
             timeline_mark_cycles=bool(env_value("TIMELINE_MARK_CYCLES", 0, int, horovod=True)),
         )
+
+
+def _positive(name: str, value):
+    if not value > 0:
+        raise ValueError(f"HOROVODLITE_{name} must be positive, got {value}")
+    return value

@@ -15,6 +15,7 @@ from . import state as _state
 from .config import Settings
 from .engine import Engine
 from .process_sets import add_process_set
+from .waiting import LEFT_EXIT, LEFT_SHUTDOWN
 
 __all__ = ["init", "shutdown"]
 
@@ -77,10 +78,19 @@ def _user_communicator(comm) -> MPI.Comm:
 
 
 def shutdown() -> None:
-    """Stop the engine and release horovodlite's communicators; safe to call twice."""
+    """Stop the engine and release horovodlite's communicators; safe to call twice.
+
+    The other ranks learn that this one left: a collective they wait in that needs this rank
+    raises there instead of waiting forever.
+    """
+    _shutdown(LEFT_SHUTDOWN)
+
+
+def _shutdown(reason: int) -> None:
     with _lock:
         state = _state.deactivate()
     if state is not None and not MPI.Is_finalized():
+        state.watch.announce_departure(reason)
         state.engine.stop()
         state.close()
 
@@ -103,4 +113,4 @@ def _at_exit() -> None:
         # forwarded yet (this line, the traceback): give it a moment on this failure path.
         time.sleep(0.5)
         MPI.COMM_WORLD.Abort(1)
-    shutdown()
+    _shutdown(LEFT_EXIT)

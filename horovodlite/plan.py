@@ -11,10 +11,10 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from .agreement import agree
+from .agreement import agree, describe, digest
 from .state import current
 
-__all__ = ["Plan", "run_now", "synchronous", "signature_of"]
+__all__ = ["Plan", "run_now", "synchronous", "signature_of", "waiter"]
 
 
 @dataclass
@@ -57,15 +57,24 @@ def run_now(plan: Plan):
     """Agree on `plan` with the other ranks of its process set, then run it."""
     if plan.inline is not None:  # set only where this rank found no argument error
         return plan.inline(plan.comm)
+    state = current()
     payloads = agree(
         plan.comm,
         plan.fields,
         plan.error,
         plan.payload,
-        check=current().settings.check_metadata,
+        check=state.settings.check_metadata,
         ranks=plan.ranks,
+        wait=waiter(state, plan.fields, plan.ranks),
     )
     return plan.execute(plan.comm, payloads)
+
+
+def waiter(state, fields: dict, ranks) -> Callable:
+    """Return `wait(request)` for the collective `fields` among global `ranks` (state.watch)."""
+    return functools.partial(
+        state.watch.wait, about=lambda: (describe(fields), digest(fields)), members=ranks
+    )
 
 
 def synchronous(make_plan: Callable, name: str, **fixed) -> Callable:

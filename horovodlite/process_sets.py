@@ -5,6 +5,8 @@ module validates the user's requests, agrees on them across ranks, and looks set
 collectives.
 """
 
+import functools
+
 from mpi4py import MPI
 
 from . import state as _state
@@ -101,7 +103,7 @@ def add_process_set(process_set) -> ProcessSet:
     if error is None and (not ranks or ranks[0] < 0 or ranks[-1] >= state.comm.size):
         error = ValueError(f"process set ranks {ranks} must lie in 0..{state.comm.size - 1}")
     fields = {"collective": "add_process_set", "ranks": tuple(ranks)}
-    agree(state.comm, fields, error, check=state.settings.check_metadata)
+    agree(state.comm, fields, error, check=state.settings.check_metadata, wait=_wait(state, fields))
     process_set.process_set_id = state.process_sets.add(tuple(ranks))
     return process_set
 
@@ -112,12 +114,20 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     if process_set.process_set_id in (None, 0):
         return False
     fields = {"collective": "remove_process_set", "id": process_set.process_set_id}
-    agree(state.comm, fields, check=state.settings.check_metadata)
+    agree(state.comm, fields, check=state.settings.check_metadata, wait=_wait(state, fields))
     entry = state.process_sets.remove(process_set.process_set_id)
     if entry is not None:
         process_set._ranks = list(entry.ranks)
     process_set.process_set_id = None
     return entry is not None
+
+
+def _wait(state, fields: dict):
+    """Return wait(request) for registering a process set, a collective over all ranks."""
+    what = f"{fields['collective']} {fields.get('ranks', fields.get('id'))}"
+    return functools.partial(
+        state.watch.wait, about=lambda: (what, 0), members=range(state.comm.size)
+    )
 
 
 def communicator(process_set) -> tuple:

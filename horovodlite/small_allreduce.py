@@ -26,6 +26,7 @@ from .algorithms.native import MPI_OPS
 from .buffers import native_mpi_type
 from .fusion import allreduce_fields
 from .ops import ReduceOp
+from .plan import waiter
 from .process_sets import global_process_set
 from .staging import deliver, scale
 from .state import current
@@ -57,12 +58,13 @@ def travels_inline(array, op, scaled: bool, requested, size: int) -> bool:
     )
 
 
-def inline_allreduce(comm, own: int, array, op, inplace: bool, fields, ranks=None):
+def inline_allreduce(comm, own: int, array, op, inplace: bool, fields, ranks, wait):
     """All-reduce `array` in the check's records; `fields()` explains a mismatch.
 
-    `ranks` are the global ranks of `comm`'s members, for that explanation.
+    `ranks` are the global ranks of `comm`'s members, for that explanation; `wait(request)`
+    waits for the exchange.
     """
-    rows = exchange_with_data(comm, own, array)
+    rows = exchange_with_data(comm, own, array, wait)
     if rows is None:
         explain(comm, fields(), ranks=ranks)
     # Rank by rank, so every rank adds in the same order and gets the same bits. (A pairwise
@@ -78,21 +80,23 @@ def inline_allreduce(comm, own: int, array, op, inplace: bool, fields, ranks=Non
     return out if array.ndim == 1 else out.reshape(array.shape)
 
 
-# (name, dtype, shape, op, algorithm, group size) -> (digest, MPI type, travels inline)
+# (name, dtype, shape, op, algorithm, state) -> (digest, MPI type, travels inline, wait)
 _short_routes: dict = {}
 
 
-def _short_route(tensor, op, name, requested, size: int):
-    """Return (digest, MPI datatype, whether it travels inline) for a short all-reduce.
+def _short_route(tensor, op, name, requested, state):
+    """Return (digest, MPI datatype, whether it travels inline, wait) for a short all-reduce.
 
     The datatype is None where the MPI library cannot reduce this dtype itself (float16,
     bfloat16, bool, unsupported ones): those go the general way, which also reports errors.
     """
     mpi_type = native_mpi_type(tensor.dtype)
     if mpi_type is None:
-        return None, None, False
+        return None, None, False, None
+    size = state.comm.size
     fields = allreduce_fields(name, tensor, op, 1.0, 1.0, requested, True)
-    return digest(fields), mpi_type, travels_inline(tensor, op, False, requested, size)
+    inline = travels_inline(tensor, op, False, requested, size)
+    return digest(fields), mpi_type, inline, waiter(state, fields, range(size))
 
 
 def short_allreduce(tensor, *, op, name, scaled: bool, process_set, algorithm, inplace: bool):
@@ -118,13 +122,13 @@ def short_allreduce(tensor, *, op, name, scaled: bool, process_set, algorithm, i
     elif type(op) is not ReduceOp or op is _ADASUM:
         return None
     comm = state.comm
-    key = (name, tensor.dtype, tensor.shape, op, requested, comm.size)
+    key = (name, tensor.dtype, tensor.shape, op, requested, state)
     route = _short_routes.get(key)
     if route is None:
-        if len(_short_routes) > 4096:  # names that change every step
+        if len(_short_routes) > 4096:  # names that change every step, or many init()s
             _short_routes.clear()
-        route = _short_routes[key] = _short_route(tensor, op, name, requested, comm.size)
-    own, mpi_type, inline = route
+        route = _short_routes[key] = _short_route(tensor, op, name, requested, state)
+    own, mpi_type, inline, wait = route
     if mpi_type is None:
         return None
     if state.settings.check_metadata:
@@ -136,8 +140,10 @@ def short_allreduce(tensor, *, op, name, scaled: bool, process_set, algorithm, i
                 op,
                 inplace,
                 lambda: allreduce_fields(name, tensor, op, 1.0, 1.0, requested, True),
+                None,
+                wait,
             )
-        if not same_everywhere(comm, own):
+        if not same_everywhere(comm, own, wait):
             explain(comm, allreduce_fields(name, tensor, op, 1.0, 1.0, requested, True))
     out = tensor if inplace else np.empty_like(tensor)
     send = MPI.IN_PLACE if inplace else [tensor, mpi_type]

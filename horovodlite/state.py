@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 from .config import Settings
 from .exceptions import NotInitializedError
+from .waiting import Watch
 
 __all__ = [
     "ProcessSetComms",
@@ -96,8 +97,9 @@ class State:
 
     `comm` is a private duplicate of the user's communicator, so the library's messages can
     never match the user's own. `local_comm` groups the ranks of one host, `cross_comm` the
-    ranks with the same local rank across hosts. `engine` is the engine thread that init()
-    starts once this state exists (lifecycle.py).
+    ranks with the same local rank across hosts. `watch` does every wait on other ranks and
+    reads their notices on a communicator of its own (waiting.py). `engine` is the engine thread
+    that init() starts once this state exists (lifecycle.py).
     """
 
     def __init__(self, user_comm: MPI.Comm, settings: Settings):
@@ -108,12 +110,14 @@ class State:
         local_sizes = self.comm.allgather(self.local_comm.size)
         self.homogeneous = len(set(local_sizes)) == 1
         self.process_sets = ProcessSetRegistry(self.comm)
+        self.watch = Watch(self.comm.Dup(), settings.collective_timeout, settings.stall_check)
         self.engine: Any = None
 
     def close(self) -> None:
         """Release every communicator this state created (the engine must have stopped)."""
         self.process_sets.close()
-        for comm in (self.cross_comm, self.local_comm, self.comm):
+        self.watch.close()
+        for comm in (self.watch.comm, self.cross_comm, self.local_comm, self.comm):
             comm.Free()
 
 

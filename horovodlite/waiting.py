@@ -1,0 +1,205 @@
+"""Waiting for other ranks: at no cost while blocked, never forever, and awake to departures.
+
+Every wait of the library on other ranks (a collective's agreement, the engine's negotiation,
+join) goes through `Watch.wait`. It tests the MPI request in a short spin (a fast collective
+finishes there, with no added latency), then sleeps between tests with a back-off up to 1 ms, so
+a rank blocked for long costs well under 1% of a core. While it waits it reads the notices that
+ranks post on a private control communicator:
+
+- LEFT: a rank shut horovodlite down or is exiting. A wait whose collective needs that rank
+  raises HorovodLiteError naming it (after a short grace, in case the collective still
+  completes), since it would otherwise wait forever.
+- WAITING: a rank has waited over a second in a collective (identified by the digest of its
+  fields). The ranks of a collective that sent none are the ones that did not arrive: stall
+  warnings and the timeout name them.
+
+After `Settings.collective_timeout` seconds a wait raises HorovodLiteError naming the collective
+and the missing ranks, and the job is torn down (MPI_Abort) a few seconds later, so no rank
+waits forever even where the error is caught.
+"""
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from .exceptions import HorovodLiteError
+
+__all__ = ["Watch", "LEFT_SHUTDOWN", "LEFT_EXIT", "default_wait", "teardown_later"]
+
+_log = logging.getLogger("horovodlite")
+
+_TAG = 77
+_LEFT, _WAITING = 1, 2
+LEFT_SHUTDOWN, LEFT_EXIT = 1, 2  # why a rank left
+_REASONS = {LEFT_SHUTDOWN: "called hvd.shutdown()", LEFT_EXIT: "exited"}
+
+_SPIN_SECONDS = 50e-6  # test in a tight loop this long: a fast collective ends here
+_FIRST_SLEEP, _MAX_SLEEP = 20e-6, 1e-3
+_NOTICE_AFTER = 1.0  # seconds in one wait before telling the others where this rank waits
+_DEPARTURE_GRACE = 2.0  # seconds a wait goes on after a member left, in case it completes
+_TEARDOWN_DELAY = 5.0  # seconds between a fatal error and MPI_Abort: time to print and unwind
+
+
+class Watch:
+    """Waits on MPI requests for one job, reading the control notices of every rank.
+
+    Args:
+        comm: a private duplicate of the job's communicator, for notices only.
+        timeout: seconds after which a wait fails (Settings.collective_timeout).
+        stall_check: seconds after which a wait logs who is missing, once.
+    """
+
+    def __init__(self, comm: MPI.Comm, timeout: float, stall_check: float):
+        self.comm, self.timeout, self.stall_check = comm, timeout, stall_check
+        self._lock = threading.Lock()
+        self._incoming = np.zeros(3, dtype=np.int64)  # kind, sender, detail
+        self._receive = comm.Irecv(self._incoming, MPI.ANY_SOURCE, _TAG)
+        self._sends: list = []
+        self.left: dict = {}  # rank -> reason code
+        self._waiting: dict = {}  # digest -> ranks that reported waiting in it
+        self._closed = False
+
+    # -- notices ------------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Read every notice that has arrived."""
+        with self._lock:
+            while not self._closed and self._receive.Test():
+                kind, sender, detail = (int(v) for v in self._incoming)
+                if kind == _LEFT:
+                    self.left[sender] = detail
+                elif kind == _WAITING:
+                    self._waiting.setdefault(detail, set()).add(sender)
+                self._receive = self.comm.Irecv(self._incoming, MPI.ANY_SOURCE, _TAG)
+
+    def _notify(self, kind: int, detail: int, ranks: Sequence[int]) -> None:
+        me = self.comm.rank
+        message = np.array([kind, me, detail], dtype=np.int64)
+        with self._lock:
+            self._sends = [r for r in self._sends if not r.Test()]
+            # One small eager message per rank: it completes without its receiver's help.
+            self._sends += [self.comm.Isend(message.copy(), r, _TAG) for r in ranks if r != me]
+
+    def announce_departure(self, reason: int) -> None:
+        """Tell every rank that this one is leaving (shutdown or exit)."""
+        self._notify(_LEFT, reason, range(self.comm.size))
+
+    def close(self) -> None:
+        """Stop listening; let the notices this rank sent go out first (at most 1 s)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            deadline = time.monotonic() + 1.0
+            while self._sends and time.monotonic() < deadline:
+                self._sends = [r for r in self._sends if not r.Test()]
+                time.sleep(1e-3)
+            self._receive.Cancel()
+            self._receive.Wait()
+
+    # -- waiting ------------------------------------------------------------------------------
+
+    def wait(
+        self, request: MPI.Request, about: Callable[[], tuple], members: Sequence[int]
+    ) -> None:
+        """Wait for `request` of a collective among global ranks `members`.
+
+        `about()` returns (what, identity): the collective's name for messages ("allreduce
+        'w'") and a number that tells apart collectives ranks wait in (the digest of its
+        fields), to find who is missing. It is called only once a wait is long.
+
+        Raises:
+            HorovodLiteError: a member left, or the wait passed the timeout (the job is then
+                torn down).
+        """
+        if request.Test():
+            return
+        start = time.perf_counter()
+        while time.perf_counter() - start < _SPIN_SECONDS:
+            if request.Test():
+                return
+        # Long waits only from here on: the cost of the lines below no longer matters.
+        delay, noticed, warned, departure_seen = _FIRST_SLEEP, False, False, None
+        what, identity = about()
+        while not request.Test():
+            time.sleep(delay)
+            delay = min(2 * delay, _MAX_SLEEP)
+            waited = time.perf_counter() - start
+            self.poll()
+            gone = [r for r in members if r in self.left]
+            if gone:
+                departure_seen = departure_seen or time.perf_counter()
+                if time.perf_counter() - departure_seen > _DEPARTURE_GRACE:
+                    raise HorovodLiteError(self._departure_message(what, gone))
+            if not noticed and waited > min(_NOTICE_AFTER, self.timeout / 4):
+                noticed = True
+                self._notify(_WAITING, identity, members)
+            if not warned and waited > self.stall_check:
+                warned = True
+                _log.warning(
+                    "horovodlite stall: rank %d has waited %.0f s in %s; %s",
+                    self.comm.rank,
+                    waited,
+                    what,
+                    self._missing_text(identity, members),
+                )
+            if waited > self.timeout:
+                message = (
+                    f"{what} timed out after {self.timeout:g} s "
+                    f"(HOROVODLITE_COLLECTIVE_TIMEOUT): {self._missing_text(identity, members)}; "
+                    "the job is torn down"
+                )
+                teardown_later(message)
+                raise HorovodLiteError(message)
+
+    def _missing_text(self, identity: int, members: Sequence[int]) -> str:
+        self.poll()
+        arrived = self._waiting.get(identity, set()) | {self.comm.rank}
+        missing = [r for r in members if r not in arrived]
+        if not missing:
+            return "every rank has arrived but the collective has not completed"
+        return f"{_ranks(missing)} did not arrive"
+
+    def _departure_message(self, what: str, gone: list) -> str:
+        reasons = "; ".join(f"rank {r} {_REASONS.get(self.left[r], 'left')}" for r in gone)
+        return (
+            f"{what} cannot complete: {reasons} while rank {self.comm.rank} waited for it "
+            "(every rank must call the same collectives before it shuts down or exits)"
+        )
+
+
+def _ranks(ranks: list) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+_teardown_started = threading.Event()
+
+
+def teardown_later(message: str, delay: float = _TEARDOWN_DELAY) -> None:
+    """Abort the whole job after `delay` seconds, unless this process has exited by then.
+
+    The error that caused it is raised meanwhile, so the user's traceback can print; a daemon
+    thread then tears the job down even where the error was caught.
+    """
+    if _teardown_started.is_set():
+        return
+    _teardown_started.set()
+
+    def abort() -> None:
+        time.sleep(delay)
+        sys.stderr.write(f"horovodlite: {message}: aborting the job\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+    threading.Thread(target=abort, name="horovodlite-teardown", daemon=True).start()
+
+
+def default_wait(request: MPI.Request) -> None:
+    """Wait for `request` with no watch (a bare communicator, outside an initialized job)."""
+    request.Wait()
