@@ -18,16 +18,19 @@ import hashlib
 import math
 import threading
 from collections.abc import Sequence
-from typing import Callable, NoReturn, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
-from .exceptions import MismatchError
+from .exceptions import HorovodLiteError, MismatchError
 from .waiting import default_wait
 
 __all__ = [
     "FAILED",
+    "JOINABLE",
+    "JOINED",
     "agree",
+    "all_agree",
     "describe",
     "digest",
     "error_text",
@@ -35,8 +38,10 @@ __all__ = [
     "exchange_with_data",
     "explain",
     "inline_bytes",
-    "same_everywhere",
+    "joined_fields",
     "mismatch_message",
+    "post_joined",
+    "same_everywhere",
 ]
 
 FAILED = 0  # the digest a rank sends when its own arguments were bad
@@ -118,10 +123,10 @@ def exchange_with_data(comm, own: int, data: np.ndarray, wait: Wait = default_wa
     room[...] = data
     records.own[0] = own
     wait(comm.Iallgather(records.own, records.everyone))
-    return rows if _all_agree(records.digests.tolist()) else None
+    return rows if all_agree(records.digests.tolist()) else None
 
 
-def _all_agree(digests: list) -> bool:
+def all_agree(digests: list) -> bool:
     return digests[0] != FAILED and digests.count(digests[0]) == len(digests)
 
 
@@ -205,7 +210,8 @@ def agree(
 
     Raises:
         `error` on the rank that passed one; MismatchError on every other rank when any rank
-        passed an error or the fields differ.
+        passed an error or the fields differ; HorovodLiteError where ranks have joined and the
+        collective cannot run beside them (explain()).
     """
     if not check:
         if error is not None:
@@ -217,9 +223,10 @@ def agree(
         return payloads.tolist()
     own = FAILED if error is not None else digest(fields)
     digests, payloads = exchange(comm, own, 0 if payload is None else payload, wait)
-    if _all_agree(digests):
+    if all_agree(digests):
         return None if payload is None else payloads
-    explain(comm, fields, error, ranks)
+    explain(comm, fields, error, ranks)  # returns only beside joined ranks, for JOINABLE ones
+    return None
 
 
 def same_everywhere(comm, own: int, wait: Wait = default_wait) -> bool:
@@ -228,24 +235,71 @@ def same_everywhere(comm, own: int, wait: Wait = default_wait) -> bool:
     Every rank gets the same answer, so on False all of them go on to explain().
     """
     digests, _ = exchange(comm, own, 0, wait)
-    return _all_agree(digests)
+    return all_agree(digests)
 
 
 def explain(
     comm, fields: dict, error: Exception = None, ranks: Optional[Sequence[int]] = None
-) -> NoReturn:
-    """After a failed check: gather every rank's fields and raise on every rank.
+) -> list:
+    """After a failed check: gather every rank's fields, then raise, or go on beside joined ranks.
 
     `ranks` are the global ranks of `comm`'s members: a process set's own ranks would mislead.
+    Ranks in hvd.join() take part in every check (`joined_fields`). Where all other ranks agree
+    on a collective that joined ranks can answer (JOINABLE: they contribute zeros to an
+    all-reduce, arrive at a barrier), the collective goes on: this returns the global ranks
+    that have joined, and the caller runs it the general way, as the joined ranks do.
 
     Raises:
-        `error` on a rank that passed one, MismatchError naming ranks and values on the others.
+        `error` on a rank that passed one, MismatchError naming ranks and values on the others,
+        HorovodLiteError where ranks have joined and the collective cannot run beside them.
     """
     infos = comm.allgather((fields, error_text(error)))
     if error is not None:
         raise error
     ranks = range(comm.size) if ranks is None else ranks
-    raise MismatchError(mismatch_message([(ranks[r], f, e) for r, (f, e) in enumerate(infos)]))
+    joined = [ranks[r] for r, (f, _) in enumerate(infos) if f == _JOINED_INFO]
+    active = [(ranks[r], f, e) for r, (f, e) in enumerate(infos) if f != _JOINED_INFO]
+    disagree = len({repr(sorted(f.items())) for _, f, _ in active}) > 1
+    if not joined or disagree or any(e for _, _, e in active):
+        raise MismatchError(mismatch_message(active))
+    if fields.get("collective") in JOINABLE:
+        return joined
+    raise HorovodLiteError(
+        f"{describe(fields)}: {_ranks(joined)} {'has' if len(joined) == 1 else 'have'} joined: "
+        f"{fields.get('collective')} is not supported with join (only allreduce and barrier "
+        "are: joined ranks contribute zeros)"
+    )
+
+
+# -- join: the side of a rank in hvd.join() ----------------------------------------------------
+
+JOINED = 2**62 + 1  # the digest of a rank in join(): no fields digest (< 2**62) equals it
+JOINABLE = frozenset({"allreduce", "grouped_allreduce", "barrier"})
+_JOINED_INFO = "joined"  # what a joined rank sends where others send their fields
+
+
+def post_joined(comm) -> tuple:
+    """Post a joined rank's part of the next check on `comm`; return (request, records).
+
+    The records are this call's own, as a joined rank waits on several communicators at once.
+    """
+    records = _Records(comm.size)
+    records.own[0] = JOINED
+    return comm.Iallgather(records.own, records.everyone), records
+
+
+def joined_fields(comm):
+    """Take a joined rank's part in explain(); return the fields the other ranks agreed on.
+
+    Returns None where they disagree or the collective is not JOINABLE: they raise, and the
+    joined rank has nothing to run.
+    """
+    infos = comm.allgather((_JOINED_INFO, None))
+    active = [(f, e) for f, e in infos if f != _JOINED_INFO]
+    if any(e for _, e in active) or len({repr(sorted(f.items())) for f, _ in active}) != 1:
+        return None
+    fields = active[0][0]
+    return fields if fields.get("collective") in JOINABLE else None
 
 
 def error_text(error) -> str:

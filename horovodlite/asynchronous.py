@@ -18,6 +18,7 @@ from .collectives import (
     reducescatter_plan,
 )
 from .engine import Handle
+from .joining import join_collectives
 from .plan import signature_of
 
 __all__ = [
@@ -103,10 +104,15 @@ def synchronize(handle: Handle):
 def join() -> int:
     """Join: contribute zeros to all-reduces until every rank has joined; return the last rank.
 
-    A rank that runs out of data calls join(); the others keep training, and their all-reduces
-    still divide by the full number of ranks for Average.
+    A rank that runs out of data calls join(); the others keep training, and their all-reduces,
+    synchronous or not, still divide by the full number of ranks for Average. Their other
+    collectives (allgather, broadcast, alltoall, reducescatter) raise HorovodLiteError while a
+    rank has joined. Returns the same rank on every rank.
     """
-    return _engine().join()
+    state = _state.current()
+    state.engine.begin_join()
+    join_collectives(state)
+    return state.engine.end_join()
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

@@ -26,7 +26,7 @@ from .checks import (
     root_index,
     set_id,
 )
-from .fusion import FusionEntry, allreduce_fields, fused_allreduce
+from .fusion import FusionEntry, allreduce_fields, fused_allreduce, fused_by_kind
 from .ops import ReduceOp, resolve_op
 from .plan import Plan, run_now, synchronous, waiter
 from .process_sets import communicator, global_process_set
@@ -201,15 +201,7 @@ def grouped_allreduce(tensors, *, name=None, **options) -> list:
     segment_bytes = current().settings.ring_segment_bytes
 
     def execute(comm, _):
-        kinds: dict = {}  # fusion key -> positions, in order
-        for i, plan in enumerate(plans):
-            kinds.setdefault(plan.fusion.key, []).append(i)
-        results = [None] * len(plans)
-        for positions in kinds.values():
-            entries = [plans[i].fusion for i in positions]
-            for i, result in zip(positions, fused_allreduce(comm, entries, segment_bytes)):
-                results[i] = result
-        return results
+        return fused_by_kind(comm, [plan.fusion for plan in plans], segment_bytes)
 
     first = plans[0]
     return run_now(

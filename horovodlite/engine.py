@@ -9,6 +9,11 @@ Negotiation costs one small MPI_Allreduce per cycle in steady state. Requests wh
 metadata were agreed before (the cache) are confirmed by one byte each in that all-reduce; only
 when some rank holds a request the cache does not know do the ranks exchange full metadata
 (an allgather of every pending request), which also detects mismatches and stalls.
+
+While no rank has asynchronous work the engines sleep, all of them, and no cycle runs
+(wakeup.py). Waits on other ranks go through the state's Watch (waiting.py): no core is burnt,
+and a request pending longer than the collective timeout fails on every rank and tears the job
+down.
 """
 
 import logging
@@ -19,24 +24,21 @@ import numpy as np
 from mpi4py import MPI
 
 from .agreement import FAILED, describe, digest, error_text, mismatch_message
-from .buffers import DTYPES_BY_NAME, device_module
 from .exceptions import HorovodLiteError, MismatchError
-from .fusion import FusionEntry, fused_allreduce
-from .ops import ReduceOp
+from .fusion import fused_allreduce, zeros_entry
 from .plan import Plan
 from .timeline import Timeline
+from .waiting import teardown_later
+from .wakeup import Wakeup
 
 __all__ = ["Engine", "Handle"]
 
 _log = logging.getLogger("horovodlite")
 
-_IDLE_SLEEP = 0.01  # seconds between cycles once every rank has been idle for a while
-_IDLE_CYCLES = 100
-_POLL = 5e-5  # seconds between tests of the pending negotiation all-reduce
 _CACHE_LIMIT = 4096  # entries; past it the cache is cleared (on every rank at once)
 
-# Positions of the flags that follow the per-request bytes and per-rank join bytes.
-_ALL_CACHED, _RUNNING, _NOT_ABORTING, _IDLE = range(4)
+# Positions of the flags that follow the per-request bytes and the per-rank bytes.
+_ALL_CACHED, _NOT_ABORTING, _IDLE = range(3)
 
 
 class _Request:
@@ -86,16 +88,18 @@ class Engine:
     def __init__(self, state):
         self.state = state
         self.comm = state.process_sets.lookup(0).engine_comm
+        self._world = range(self.comm.size)
         settings = state.settings
         # Copied from the settings as tunables that tests and benchmarks may change at run time.
         self.cycle_time = settings.cycle_time
         self.fusion_threshold = settings.fusion_threshold
         self.stall_check = settings.stall_check
         self.stall_shutdown = settings.stall_shutdown
+        self.timeout = settings.collective_timeout
         self.segment_bytes = settings.ring_segment_bytes
         self.timeline = None
         self._lock = threading.Lock()
-        self._wakeup = threading.Event()
+        self._wakeup = Wakeup(self.comm)
         self._incoming: list = []
         self._in_flight: set = set()
         self._pending: dict = {}  # key -> _Request waiting for agreement
@@ -110,6 +114,7 @@ class Engine:
         self._joined_before: set = set()
         self._last_stall_report = 0.0
         self._first_seen: dict = {}  # key -> when a full exchange first showed it incomplete
+        self._missing: dict = {}  # key -> ranks the last full exchange found missing
         self.cycles = 0
         if settings.timeline and self.comm.rank == 0:
             self.timeline = Timeline(settings.timeline, settings.timeline_mark_cycles)
@@ -147,17 +152,17 @@ class Engine:
         self._wakeup.set()
         return Handle(requests, grouped)
 
-    def join(self) -> int:
-        """Contribute zeros to other ranks' all-reduces until every rank has joined.
-
-        Returns the last rank to join, the same on every rank.
-        """
+    def begin_join(self) -> None:
+        """Contribute zeros to other ranks' async all-reduces until every rank has joined."""
         with self._lock:
             if self._stopped is not None:
                 raise self._stopped
             self._joined, self._join_result = True, None
             self._join_done.clear()
         self._wakeup.set()
+
+    def end_join(self) -> int:
+        """Wait until every rank's engine has joined; return the last rank to join there."""
         self._join_done.wait()
         if self._join_result is None:
             raise self._stopped
@@ -186,38 +191,26 @@ class Engine:
     # -- engine thread --------------------------------------------------------------------------
 
     def _run(self) -> None:
-        idle_cycles = 0
         try:
+            self._wakeup.sleep()  # the engines start asleep, together
             while self._stopped is None:
                 start = time.monotonic()
-                busy = self._cycle()
-                idle_cycles = 0 if busy else idle_cycles + 1
-                delay = self.cycle_time - (time.monotonic() - start)
-                if idle_cycles > _IDLE_CYCLES:
-                    delay = _IDLE_SLEEP  # nobody has work: cycle slowly
-                if delay > 0 and self._stopped is None:
-                    self._wakeup.wait(delay)
-                self._wakeup.clear()
+                if self._cycle():
+                    self._wakeup.pause(self.cycle_time - (time.monotonic() - start))
+                elif self._stopped is None:  # no rank had work: every engine sleeps now
+                    self._wakeup.agreed_to_sleep()
+                    self._wakeup.sleep()
         except Exception as exc:  # a bug or an MPI failure: fail loudly, never hang users
             _log.exception("horovodlite engine failed")
-            self._stop_all(HorovodLiteError(f"the horovodlite engine failed: {exc!r}"))
+            self._stop_all(HorovodLiteError(f"the horovodlite engine failed: {exc}"))
+        finally:
+            self._wakeup.close()
 
     def _negotiate(self, vector: np.ndarray) -> np.ndarray:
-        """MIN-all-reduce `vector`, sleeping while other ranks are still on their way."""
+        """MIN-all-reduce `vector` with every rank's engine."""
         out = np.empty_like(vector)
-        request = self.comm.Iallreduce(vector, out, op=MPI.MIN)
-        start = warned = time.monotonic()
-        while not request.Test():
-            time.sleep(_POLL)
-            now = time.monotonic()
-            if now - warned > self.stall_check:
-                warned = now
-                _log.warning(
-                    "horovodlite: rank %d has waited %.0f s for the other ranks' engines: a rank "
-                    "may be stuck outside horovodlite, or have exited",
-                    self.comm.rank,
-                    now - start,
-                )
+        about = lambda: ("the engines' negotiation", 0)  # noqa: E731
+        self.state.watch.wait(self.comm.Iallreduce(vector, out, op=MPI.MIN), about, self._world)
         return out
 
     def _cycle(self) -> bool:
@@ -244,36 +237,36 @@ class Engine:
                 mine[i] = 1
         all_cached = all_cached and all(key in self._cache for key in self._pending)
         oldest = min((r.submitted for r in self._pending.values()), default=now)
-        if now - oldest > self.stall_check and now - self._last_stall_report > self.stall_check:
+        check_after = min(self.stall_check, self.timeout / 2)
+        if now - oldest > check_after and now - self._last_stall_report > check_after:
             all_cached = False  # a full exchange tells who is missing
-        aborting = self.stall_shutdown > 0 and now - oldest > self.stall_shutdown
-        not_joined = np.full(size, 1, dtype=np.uint8)
-        not_joined[me] = 0 if joined else 1
-        flags = np.array(
-            [all_cached, not stopping, not aborting, not (self._pending or joined)], dtype=np.uint8
-        )
-        agreed = self._negotiate(np.concatenate([mine, 2 - mine, not_joined, flags]))
+        timed_out = now - oldest > self.timeout
+        aborting = timed_out or (self.stall_shutdown > 0 and now - oldest > self.stall_shutdown)
+        # Per rank: 0 where it has joined, 2 where it is shutting down, else 1.
+        per_rank = np.full(size, 1, dtype=np.uint8)
+        per_rank[me] = 0 if joined else 1
+        flags = np.array([all_cached, not aborting, not (self._pending or joined)], dtype=np.uint8)
+        vector = np.concatenate([mine, 2 - mine, per_rank, 2 - per_rank, flags])
+        if stopping:
+            vector[2 * count + size + me] = 0  # 2 - 2
+        agreed = self._negotiate(vector)
         lowest, highest = agreed[:count], 2 - agreed[count : 2 * count]
         joined_ranks = {r for r in range(size) if agreed[2 * count + r] == 0}
-        flags = agreed[2 * count + size :]
+        stopping_ranks = [r for r in range(size) if agreed[2 * count + size + r] == 0]
+        flags = agreed[2 * count + 2 * size :]
         if self.timeline is not None and not flags[_IDLE]:
             self.timeline.cycle()
 
         if not flags[_NOT_ABORTING]:
-            names = sorted(str(key[1]) for key in self._pending)
-            self._stop_all(
-                HorovodLiteError(
-                    f"horovodlite stopped: a collective stalled for over "
-                    f"{self.stall_shutdown:.0f} s (HOROVODLITE_STALL_SHUTDOWN_TIME_SECONDS); "
-                    f"pending here: {names}"
-                )
-            )
+            self._stop_all(HorovodLiteError(self._abort_message(timed_out)))
             return False
-        if not flags[_RUNNING]:
+        if stopping_ranks:
+            who = ", ".join(map(str, stopping_ranks))
             self._stop_all(
                 HorovodLiteError(
-                    "horovodlite was shut down (shutdown() was called on "
-                    "some rank) while this request was pending"
+                    f"horovodlite was shut down on rank{'s' if len(stopping_ranks) > 1 else ''} "
+                    f"{who} (hvd.shutdown(), or the end of its program) while this request was "
+                    "pending: every rank must submit the same collectives before it stops"
                 )
             )
             return False
@@ -285,6 +278,23 @@ class Engine:
         self._run_ready(ready, errors, joined_ranks)
         self._update_join(joined_ranks)
         return not flags[_IDLE]
+
+    def _abort_message(self, timed_out: bool) -> str:
+        """Explain why the engines stop: a request pending too long, somewhere."""
+        names = sorted(str(key[1]) for key in self._pending)
+        if timed_out:
+            missing = "; ".join(f"{k[1]!r} is missing ranks {m}" for k, m in self._missing.items())
+            message = (
+                f"an asynchronous collective waited over {self.timeout:g} s "
+                f"(HOROVODLITE_COLLECTIVE_TIMEOUT): {missing or 'no rank is missing'}; pending "
+                f"here: {names}; the job is torn down"
+            )
+            teardown_later(message)
+            return message
+        return (
+            f"horovodlite stopped: a collective stalled for over {self.stall_shutdown:.0f} s "
+            f"(HOROVODLITE_STALL_SHUTDOWN_TIME_SECONDS); pending here: {names}"
+        )
 
     def _ranks_of(self, process_set_id: int):
         entry = self.state.process_sets.lookup(process_set_id)
@@ -311,6 +321,10 @@ class Engine:
                 errors[key] = f"process set {key[0]} is not registered on every rank"
                 continue
             missing = [r for r in ranks if r not in by_rank and r not in joined_ranks]
+            if missing:
+                self._missing[key] = missing
+            else:
+                self._missing.pop(key, None)
             if missing:
                 stalled.append((key, missing, self._first_seen.setdefault(key, now)))
                 continue
@@ -356,6 +370,7 @@ class Engine:
         me, now = self.comm.rank, time.monotonic()
         batches, open_buckets = [], {}
         for key in ready:
+            self._missing.pop(key, None)
             entry = self._cache[key]
             if me not in entry.ranks:
                 continue
@@ -448,15 +463,4 @@ class Engine:
 
 def _zeros_plan(fields: dict, process_set_id: int) -> Plan:
     """Return the all-reduce a joined rank runs in place of one it never submitted."""
-    xp = device_module(fields["device"])
-    zeros = xp.zeros(fields["shape"], dtype=DTYPES_BY_NAME[fields["dtype"]])
-    entry = FusionEntry(
-        zeros,
-        xp,
-        False,
-        ReduceOp[fields["op"]],
-        fields["prescale_factor"],
-        fields["postscale_factor"],
-        fields["algorithm"],
-    )
-    return Plan(dict(fields), process_set_id, None, fusion=entry)
+    return Plan(dict(fields), process_set_id, None, fusion=zeros_entry(fields))

@@ -11,11 +11,11 @@ import numpy as np
 
 from . import algorithms
 from .algorithms.scratch import scratch
-from .buffers import DTYPE_NAMES, synchronize_device
+from .buffers import DTYPE_NAMES, DTYPES_BY_NAME, device_module, synchronize_device
 from .ops import ReduceOp
 from .staging import deliver, flat_work, scale, staged
 
-__all__ = ["FusionEntry", "allreduce_fields", "fused_allreduce"]
+__all__ = ["FusionEntry", "allreduce_fields", "fused_allreduce", "fused_by_kind", "zeros_entry"]
 
 
 class FusionEntry:
@@ -26,6 +26,21 @@ class FusionEntry:
         self.op, self.prescale, self.postscale, self.requested = op, prescale, postscale, requested
         # All-reduces with equal keys can share one fusion buffer and one collective.
         self.key = (array.dtype, op, prescale, postscale, requested, xp.__name__)
+
+
+def zeros_entry(fields: dict) -> FusionEntry:
+    """Return the all-reduce of zeros a joined rank runs in place of one it never made."""
+    xp = device_module(fields["device"])
+    zeros = xp.zeros(fields["shape"], dtype=DTYPES_BY_NAME[fields["dtype"]])
+    return FusionEntry(
+        zeros,
+        xp,
+        False,
+        ReduceOp[fields["op"]],
+        fields["prescale_factor"],
+        fields["postscale_factor"],
+        fields["algorithm"],
+    )
 
 
 def allreduce_fields(name, array, op, prescale, postscale, requested, on_host: bool) -> dict:
@@ -83,4 +98,17 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
             results.append(
                 deliver(part if entry.inplace else part.copy(), entry.array, xp, entry.inplace)
             )
+    return results
+
+
+def fused_by_kind(comm, entries: list, segment_bytes: int) -> list:
+    """All-reduce `entries` of any dtypes: one fused buffer per kind, results in order."""
+    kinds: dict = {}  # fusion key -> positions, in order
+    for i, entry in enumerate(entries):
+        kinds.setdefault(entry.key, []).append(i)
+    results = [None] * len(entries)
+    for positions in kinds.values():
+        fused = fused_allreduce(comm, [entries[i] for i in positions], segment_bytes)
+        for i, result in zip(positions, fused):
+            results[i] = result
     return results

@@ -24,7 +24,7 @@ from . import algorithms
 from .agreement import digest, exchange_with_data, explain, inline_bytes, same_everywhere
 from .algorithms.native import MPI_OPS
 from .buffers import native_mpi_type
-from .fusion import allreduce_fields
+from .fusion import FusionEntry, allreduce_fields, fused_allreduce
 from .ops import ReduceOp
 from .plan import waiter
 from .process_sets import global_process_set
@@ -66,7 +66,8 @@ def inline_allreduce(comm, own: int, array, op, inplace: bool, fields, ranks, wa
     """
     rows = exchange_with_data(comm, own, array, wait)
     if rows is None:
-        explain(comm, fields(), ranks=ranks)
+        explain(comm, fields(), ranks=ranks)  # raises, or returns beside joined ranks
+        return _beside_joined(comm, array, op, inplace, None)
     # Rank by rank, so every rank adds in the same order and gets the same bits. (A pairwise
     # ufunc on cached rows is three times faster here than ufunc.reduce over a 2-D view.)
     ufunc = _UFUNCS[op]
@@ -78,6 +79,12 @@ def inline_allreduce(comm, own: int, array, op, inplace: bool, fields, ranks, wa
     if inplace:
         return deliver(out, array, np, inplace)
     return out if array.ndim == 1 else out.reshape(array.shape)
+
+
+def _beside_joined(comm, array, op, inplace: bool, requested):
+    """All-reduce host `array` the general way, as ranks in join() do with their zeros."""
+    entry = FusionEntry(array, np, inplace, op, 1.0, 1.0, requested)
+    return fused_allreduce(comm, [entry], current().settings.ring_segment_bytes)[0]
 
 
 # (name, dtype, shape, op, algorithm, state) -> (digest, MPI type, travels inline, wait)
@@ -145,6 +152,7 @@ def short_allreduce(tensor, *, op, name, scaled: bool, process_set, algorithm, i
             )
         if not same_everywhere(comm, own, wait):
             explain(comm, allreduce_fields(name, tensor, op, 1.0, 1.0, requested, True))
+            return _beside_joined(comm, tensor, op, inplace, requested)
     out = tensor if inplace else np.empty_like(tensor)
     send = MPI.IN_PLACE if inplace else [tensor, mpi_type]
     comm.Allreduce(send, [out, mpi_type], MPI_OPS[op])

@@ -55,6 +55,10 @@ class ProcessSetRegistry:
         """Return the registered set `process_set_id`, or None."""
         return self._sets.get(process_set_id)
 
+    def registered(self) -> list:
+        """Return every registered set, the global one first."""
+        return [self._sets[i] for i in sorted(self._sets)]
+
     def add(self, ranks: tuple) -> int:
         """Create the communicators of global `ranks` and return the new set's id.
 

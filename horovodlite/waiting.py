@@ -118,16 +118,28 @@ class Watch:
             HorovodLiteError: a member left, or the wait passed the timeout (the job is then
                 torn down).
         """
-        if request.Test():
-            return
+        if not request.Test():
+            self._wait(lambda: request.Test() or None, about, members)
+
+    def wait_any(self, requests: list, about: Callable[[], tuple], members: Sequence[int]) -> int:
+        """Wait until one of `requests` completes; return its index. As wait() otherwise."""
+
+        def first_done():
+            return next((i for i, request in enumerate(requests) if request.Test()), None)
+
+        done = first_done()
+        return done if done is not None else self._wait(first_done, about, members)
+
+    def _wait(self, test: Callable, about: Callable[[], tuple], members: Sequence[int]):
+        """Call `test()` until it returns other than None; return that."""
         start = time.perf_counter()
         while time.perf_counter() - start < _SPIN_SECONDS:
-            if request.Test():
-                return
+            if (done := test()) is not None:
+                return done
         # Long waits only from here on: the cost of the lines below no longer matters.
         delay, noticed, warned, departure_seen = _FIRST_SLEEP, False, False, None
         what, identity = about()
-        while not request.Test():
+        while (done := test()) is None:
             time.sleep(delay)
             delay = min(2 * delay, _MAX_SLEEP)
             waited = time.perf_counter() - start
@@ -157,6 +169,7 @@ class Watch:
                 )
                 teardown_later(message)
                 raise HorovodLiteError(message)
+        return done
 
     def _missing_text(self, identity: int, members: Sequence[int]) -> str:
         self.poll()

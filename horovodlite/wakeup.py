@@ -1,0 +1,92 @@
+"""When the engine thread sleeps, and what wakes it: work on its own rank, or another rank.
+
+Every negotiation is a collective, so the engines of all ranks must cycle together. They sleep
+together too: when a cycle shows that no rank has asynchronous work (nothing pending, nobody
+joined), every engine sleeps, and no cycle runs until some rank has work again. That rank's
+engine wakes on its own (a submit, join or shutdown sets its event) and sends a wake-up note to
+every other engine, which reads it within a few milliseconds. Notes carry the number of the
+sleep they end, the same on every rank since every rank sleeps after the same cycles, so a note
+that arrives after its sleep has ended is ignored instead of ending the next one.
+
+A sleeping engine tests for notes with a back-off up to 2 ms (20 ms after a second of sleep), so
+an idle job costs a fraction of a percent of a core per rank.
+"""
+
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["Wakeup"]
+
+_TAG = 91
+_FIRST_POLL, _MAX_POLL, _LONG_POLL = 100e-6, 2e-3, 20e-3
+_LONG_SLEEP = 1.0  # seconds asleep after which notes are tested less often
+
+
+class Wakeup:
+    """The engine's alarm clock: a local event, and notes between the engines of all ranks.
+
+    Args:
+        comm: the engines' communicator (notes are point-to-point messages with their own tag,
+            so they never match the negotiation's collectives).
+    """
+
+    def __init__(self, comm: MPI.Comm):
+        self._comm = comm
+        self._event = threading.Event()
+        self._note = np.zeros(1, dtype=np.int64)
+        self._receive = comm.Irecv(self._note, MPI.ANY_SOURCE, _TAG)
+        self._sends: list = []
+        self.sleeps = 0  # sleeps so far; the engines start asleep, in sleep 0
+
+    def set(self) -> None:
+        """Wake this rank's engine (work was submitted, or join or shutdown called)."""
+        self._event.set()
+
+    def pause(self, seconds: float) -> None:
+        """Wait between two busy cycles: `seconds`, or less if this rank gets new work."""
+        self._event.wait(seconds)
+        self._event.clear()
+
+    def sleep(self) -> None:
+        """Sleep until this rank has work (then wake the others) or another rank wakes us."""
+        poll, start = _FIRST_POLL, time.monotonic()
+        while True:
+            if self._event.wait(poll):
+                self._event.clear()
+                self._wake_others()
+                break
+            if self._woken_by_another():
+                break
+            longest = _MAX_POLL if time.monotonic() - start < _LONG_SLEEP else _LONG_POLL
+            poll = min(2 * poll, longest)
+
+    def agreed_to_sleep(self) -> None:
+        """Count a sleep that every rank's engine agreed on (the next sleep's number)."""
+        self.sleeps += 1
+
+    def _woken_by_another(self) -> bool:
+        woken = False
+        while self._receive.Test():
+            woken = woken or int(self._note[0]) == self.sleeps  # older notes ended older sleeps
+            self._receive = self._comm.Irecv(self._note, MPI.ANY_SOURCE, _TAG)
+        return woken
+
+    def _wake_others(self) -> None:
+        note = np.array([self.sleeps], dtype=np.int64)
+        me = self._comm.rank
+        self._sends = [r for r in self._sends if not r.Test()]
+        self._sends += [
+            self._comm.Isend(note, rank, _TAG) for rank in range(self._comm.size) if rank != me
+        ]
+
+    def close(self) -> None:
+        """Stop listening for notes; let this rank's notes go out first (at most 1 s)."""
+        deadline = time.monotonic() + 1.0
+        while self._sends and time.monotonic() < deadline:
+            self._sends = [r for r in self._sends if not r.Test()]
+            time.sleep(1e-3)
+        self._receive.Cancel()
+        self._receive.Wait()
