@@ -1,0 +1,90 @@
+"""join() beside synchronous collectives: a joined rank answers them, and nothing hangs.
+
+Run on every rank at once (tests/test_ranks.py); rank 0 runs out of data first.
+"""
+
+import numpy as np
+import pytest
+from oracle import assert_reduced, rank_values, reduce_expected, still_in_step
+
+import horovodlite as hvd
+
+hvd.init()
+
+NOT_SUPPORTED = "rank 0 has joined: {} is not supported with join"
+
+
+def test_sync_collectives_beside_a_joined_rank():
+    n, me = hvd.size(), hvd.rank()
+    if me == 0:
+        last = hvd.join()
+    else:
+        # Rank 0 contributes zeros to every all-reduce, inline, short, general and ring sized.
+        for shape, algorithm in [((3,), None), ((300,), None), ((2, 5), "ring"), ((70000,), None)]:
+            x = rank_values(shape, np.float64, me, seed=3)
+            everyone = [np.zeros(shape)] + [rank_values(shape, np.float64, k, 3) for k in range(1, n)]
+            out = hvd.allreduce(x, op=hvd.Sum, name=f"sum.{shape}", algorithm=algorithm)
+            assert_reduced(out, reduce_expected(everyone, hvd.Sum))
+            avg = hvd.allreduce(x, name=f"avg.{shape}")  # Average still divides by every rank
+            np.testing.assert_allclose(avg, reduce_expected(everyone, hvd.Sum) / n)
+        y = np.full(4, float(me))
+        assert hvd.allreduce_(y, op=hvd.Sum, name="inplace") is y
+        np.testing.assert_array_equal(y, np.full(4, n * (n - 1) / 2))
+        group = hvd.grouped_allreduce([np.ones(2), np.ones(3, np.int32)], op=hvd.Sum)
+        assert group[0].tolist() == [n - 1] * 2 and group[1].tolist() == [n - 1] * 3
+        hvd.barrier()  # the joined rank arrives
+        # Collectives that need the joined rank's data raise on the ranks that called them.
+        for kind, call in [
+            ("allgather", lambda: hvd.allgather(np.ones(2))),
+            ("broadcast", lambda: hvd.broadcast(np.ones(2), root_rank=1)),
+            ("alltoall", lambda: hvd.alltoall(np.ones(n))),
+            ("reducescatter", lambda: hvd.reducescatter(np.ones(n))),
+            ("broadcast_object", lambda: hvd.broadcast_object("x", root_rank=1)),
+        ]:
+            with pytest.raises(hvd.HorovodLiteError, match=NOT_SUPPORTED.format(kind)):
+                call()
+        # The asynchronous ones too, through the engine.
+        handle = hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="async.sum")
+        np.testing.assert_array_equal(hvd.synchronize(handle), np.full(2, n - 1.0))
+        last = hvd.join()
+    # The same rank everywhere; with more than one rank, one that joined after rank 0.
+    assert hvd.allgather_object(last) == [last] * n
+    assert last == 0 if n == 1 else last > 0
+    still_in_step()
+
+
+def test_a_mismatch_among_active_ranks_is_still_a_mismatch():
+    n, me = hvd.size(), hvd.rank()
+    if n < 3:
+        pytest.skip("needs two active ranks beside the joined one")
+    if me == 0:
+        hvd.join()
+    else:
+        with pytest.raises(hvd.MismatchError, match="shape"):
+            hvd.allreduce(np.ones(3 if me == 1 else 4), name="w")
+        hvd.join()
+    still_in_step()
+
+
+def test_join_beside_process_sets():
+    n, me = hvd.size(), hvd.rank()
+    if n < 2:
+        pytest.skip("needs two ranks")
+    pair = hvd.add_process_set([0, 1])
+    try:
+        if me == 0:
+            hvd.join()
+        else:
+            if me == 1:  # rank 0 answers on the process set as well
+                out = hvd.allreduce(np.full(3, 5.0), op=hvd.Sum, process_set=pair, name="pair")
+                np.testing.assert_array_equal(out, np.full(3, 5.0))
+            hvd.join()
+    finally:
+        hvd.remove_process_set(pair)
+    still_in_step()
+
+
+def test_every_rank_joins_at_once():
+    last = hvd.join()
+    assert hvd.allgather_object(last) == [last] * hvd.size()
+    still_in_step()

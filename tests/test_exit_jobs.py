@@ -1,0 +1,58 @@
+"""Nothing hangs: a rank that leaves early, or never arrives, ends the job with an error that
+names it, on every rank that can still act.
+
+Each case is its own MPI job (tests/jobs/) under a timeout; the bound it must meet is checked
+from the time the surviving ranks report.
+"""
+
+import re
+import time
+
+import pytest
+from test_engine_jobs import job
+
+pytestmark = pytest.mark.mpi
+
+LEAVE = ["exit0", "exit1", "return", "finally", "shutdown"]
+WAIT = ["sync", "async", "barrier"]
+BOUND = 30  # seconds from a rank leaving to the error on the others
+
+
+def _check_survivors(out: str, survivors: list, pattern: str) -> None:
+    for rank in survivors:
+        found = re.search(rf"rank {rank} raised after ([0-9.]+) s: (.*)", out)
+        assert found, out
+        assert float(found.group(1)) < BOUND, out
+        assert re.search(pattern, found.group(2)), out
+    assert "was not stopped" not in out and "was not torn down" not in out, out
+
+
+@pytest.mark.parametrize("where", WAIT)
+@pytest.mark.parametrize("how", LEAVE)
+def test_a_rank_that_leaves_early_ends_the_job(how, where):
+    result = job(3, "early_exit.py", how, where, module_runner=False)
+    assert result.returncode != 0, result.stdout
+    left = "called hvd.shutdown()" if how in ("finally", "shutdown") else "exited"
+    named = f"rank 1 {left}" if where != "async" else "shut down on rank 1"
+    _check_survivors(result.stdout, [0, 2], re.escape(named))
+
+
+@pytest.mark.parametrize("how", ["exit0", "shutdown"])
+def test_a_rank_that_leaves_early_ends_a_two_rank_job(how):
+    result = job(2, "early_exit.py", how, "sync", module_runner=False)
+    assert result.returncode != 0, result.stdout
+    _check_survivors(result.stdout, [0], "rank 1 (exited|called hvd.shutdown)")
+
+
+@pytest.mark.parametrize("where", ["sync", "async"])
+def test_the_collective_timeout_names_the_missing_rank_and_tears_down(where):
+    start = time.monotonic()
+    result = job(3, "timeout.py", where, env={"HOROVODLITE_COLLECTIVE_TIMEOUT": "2"})
+    assert result.returncode != 0, result.stdout
+    missing = "rank 2 did not arrive" if where == "sync" else "is missing ranks \\[2\\]"
+    for rank in (0, 1):
+        found = re.search(rf"rank {rank} raised after ([0-9.]+) s: (.*)", result.stdout)
+        assert found and re.search(missing, found.group(2)), result.stdout
+        assert "HOROVODLITE_COLLECTIVE_TIMEOUT" in found.group(2)
+    assert "was not torn down" not in result.stdout
+    assert time.monotonic() - start < 40, "the job outlived the timeout by far"
