@@ -11,6 +11,7 @@ __all__ = [
     "add_process_set",
     "remove_process_set",
     "communicator",
+    "process_set_ranks",
 ]
 
 
@@ -123,6 +124,21 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         process_set._ranks = list(entry.ranks)
     process_set.process_set_id = None
     return entry is not None
+
+
+def process_set_ranks(process_set_id: int) -> list:
+    """Return the global ranks of the registered process set with id `process_set_id`.
+
+    Raises:
+        ValueError: no process set with that id is registered.
+    """
+    entry = _state.current().process_sets.get(process_set_id)
+    if entry is None:
+        raise ValueError(
+            f"no process set with id {process_set_id!r} is registered: "
+            "call hvd.add_process_set() on every rank first"
+        )
+    return list(entry.ranks)
 
 
 def communicator(process_set) -> tuple:
