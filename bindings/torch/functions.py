@@ -88,7 +88,9 @@ def broadcast_optimizer_state(
     in-place broadcast. `model` is accepted for Horovod compatibility.
     """
     local = optimizer.state_dict()
-    skeleton = core.broadcast_object(_skeleton(local), root_rank, "optimizer_state", process_set)
+    skeleton = core.broadcast_object(
+        _skeleton(local), root_rank, name="optimizer_state", process_set=process_set
+    )
     device = next((p.device for g in optimizer.param_groups for p in g["params"]), "cpu")
     tensors: list = []
     state = _fill(skeleton, local, tensors, device)
@@ -103,9 +105,9 @@ def broadcast_optimizer_state(
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Return `root_rank`'s picklable `obj` on every rank."""
-    return core.broadcast_object(obj, root_rank, name, process_set)
+    return core.broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
 
 def allgather_object(obj, name=None, process_set=global_process_set) -> list:
     """Return every rank's picklable `obj`, in rank order."""
-    return core.allgather_object(obj, name, process_set)
+    return core.allgather_object(obj, name=name, process_set=process_set)
