@@ -42,20 +42,19 @@ def gradient_reducer(settings: ReductionSettings):
     Raises:
         NotImplementedError: the backend is neither tensorflow nor torch.
     """
-    ops = framework()
     if keras.backend.backend() == "tensorflow":
         # Imported here for the same reason as in framework().
         from horovodlite.tensorflow.gradients import GradientReducer
 
         return GradientReducer(settings)
-    return _TorchGradientReducer(settings, ops)
+    return _TorchGradientReducer(settings, framework())
 
 
 class _TorchGradientReducer:
     """All-reduce lists of torch gradients: one fused request per dtype, None stays None."""
 
     def __init__(self, settings: ReductionSettings, ops):
-        self.settings, self.ops = settings, ops
+        self.settings, self.ops = settings, ops  # ops: horovodlite.torch.mpi_ops
 
     def __call__(self, grads) -> list:
         return reduce_gradients(grads, self.settings, reduce=self._reduce, scale=operator.mul)

@@ -96,8 +96,8 @@ def DistributedOptimizer(
         return _DistributedOptimizerV1(
             optimizer, name=name, use_locking=use_locking, reducer=reducer
         )
-    # Imported here: Keras is optional for TF1 users, and horovodlite.keras sits above this
-    # package's ops and gradients modules, which it imports.
+    # Imported here: Keras is optional for TF1 users and slow to import, and horovodlite.keras
+    # imports this package's ops and gradients modules, so it loads only once this package has.
     try:
         import keras
     except ImportError:
