@@ -29,13 +29,17 @@ def reduce_kwargs(
     postscale_factor: float = 1.0,
     process_set: Optional[ProcessSet] = global_process_set,
 ) -> dict:
-    """Return the core all-reduce's keyword arguments from Horovod's (op, or deprecated average).
+    """Return an all-reduce's or reduce-scatter's keyword arguments from a binding's.
+
+    Meant to be called by a binding's public collective, straight from its Horovod arguments:
+    the deprecation warning for `average` then names the user's call.
 
     Raises:
         ValueError, TypeError: from resolve_op, for both op and average or an unknown op.
     """
     return {
-        "op": resolve_op(op, average),
+        # Frames: resolve_op, this function, the binding's collective, the user's call.
+        "op": resolve_op(op, average, stacklevel=4),
         "prescale_factor": prescale_factor,
         "postscale_factor": postscale_factor,
         "process_set": process_set,
