@@ -1,135 +1,18 @@
-"""horovodlite: data-parallel training collectives over MPI, in pure Python."""
+"""horovodlite: data-parallel training collectives over MPI, in pure Python.
 
-from .asynchronous import (
-    allgather_async,
-    allreduce_async,
-    allreduce_async_,
-    alltoall_async,
-    broadcast_async,
-    broadcast_async_,
-    grouped_allgather_async,
-    grouped_allreduce_async,
-    grouped_allreduce_async_,
-    grouped_reducescatter_async,
-    join,
-    poll,
-    reducescatter_async,
-    start_timeline,
-    stop_timeline,
-    synchronize,
-)
-from .collectives import (
-    allgather,
-    allgather_object,
-    allreduce,
-    allreduce_,
-    alltoall,
-    barrier,
-    broadcast,
-    broadcast_,
-    broadcast_object,
-    grouped_allreduce,
-    reducescatter,
-)
-from .exceptions import HorovodInternalError, HorovodLiteError, MismatchError, NotInitializedError
-from .lifecycle import init, shutdown
-from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from .runtime import (
-    ccl_built,
-    cuda_aware_mpi,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    mpi_built,
-    mpi_enabled,
-    nccl_built,
-    rocm_built,
-)
-from .state import (
-    cross_rank,
-    cross_size,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_threads_supported,
-    rank,
-    size,
-)
-from .version import __version__
+This module only re-exports the public API; docs/architecture.md says where each part lives.
+"""
 
-__all__ = [
-    "__version__",
-    # process state
-    "init",
-    "shutdown",
-    "is_initialized",
-    "size",
-    "rank",
-    "local_size",
-    "local_rank",
-    "cross_size",
-    "cross_rank",
-    "is_homogeneous",
-    "mpi_threads_supported",
-    # build facts
-    "mpi_built",
-    "mpi_enabled",
-    "gloo_built",
-    "gloo_enabled",
-    "nccl_built",
-    "ccl_built",
-    "ddl_built",
-    "rocm_built",
-    "cuda_built",
-    "cuda_aware_mpi",
-    # collectives
-    "allreduce",
-    "allreduce_",
-    "reducescatter",
-    "broadcast",
-    "broadcast_",
-    "allgather",
-    "alltoall",
-    "grouped_allreduce",
-    "barrier",
-    "broadcast_object",
-    "allgather_object",
-    # asynchronous collectives, run by the engine
-    "allreduce_async",
-    "allreduce_async_",
-    "grouped_allreduce_async",
-    "grouped_allreduce_async_",
-    "allgather_async",
-    "grouped_allgather_async",
-    "broadcast_async",
-    "broadcast_async_",
-    "reducescatter_async",
-    "grouped_reducescatter_async",
-    "alltoall_async",
-    "poll",
-    "synchronize",
-    "join",
-    "start_timeline",
-    "stop_timeline",
-    # reduce ops
-    "ReduceOp",
-    "Average",
-    "Sum",
-    "Min",
-    "Max",
-    "Product",
-    "Adasum",
-    # process sets
-    "ProcessSet",
-    "global_process_set",
-    "add_process_set",
-    "remove_process_set",
-    # errors
-    "HorovodLiteError",
-    "HorovodInternalError",
-    "MismatchError",
-    "NotInitializedError",
-]
+from . import asynchronous, collectives
+from .asynchronous import *  # noqa: F403
+from .collectives import *  # noqa: F403
+from .exceptions import MismatchError, NotInitializedError
+from .runtime import cuda_aware_mpi
+from .training import common
+from .training.common import *  # noqa: F403
+
+# The names every binding shares, then those of the numpy API alone.
+__all__ = list(common.__all__)
+__all__ += collectives.__all__
+__all__ += [name for name in asynchronous.__all__ if name not in common.__all__]
+__all__ += ["cuda_aware_mpi", "MismatchError", "NotInitializedError"]

@@ -45,12 +45,7 @@ __all__ = [
     "barrier",
     "broadcast_object",
     "allgather_object",
-    "allreduce_plan",
-    "broadcast_plan",
-    "allgather_plan",
-    "reducescatter_plan",
-    "alltoall_plan",
-]
+]  # the *_plan functions are the core's own: asynchronous.py builds on them
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,13 +35,20 @@ _UFUNC_NAME = {
 }
 
 
-def resolve_op(op, average, default: ReduceOp = ReduceOp.AVERAGE) -> ReduceOp:
-    """Return the ReduceOp from `op` and Horovod's deprecated `average` flag."""
+def resolve_op(
+    op, average, default: ReduceOp = ReduceOp.AVERAGE, *, stacklevel: int = 3
+) -> ReduceOp:
+    """Return the ReduceOp from `op` and Horovod's deprecated `average` flag.
+
+    `stacklevel` is the warning's, counted from here: it should name the user's call.
+    """
     if op is not None and average is not None:
         raise ValueError("give either op= or the deprecated average=, not both")
     if average is not None:
         warnings.warn(
-            "average= is deprecated: use op=Average or op=Sum", DeprecationWarning, stacklevel=3
+            "average= is deprecated: use op=Average or op=Sum",
+            DeprecationWarning,
+            stacklevel=stacklevel,
         )
         return ReduceOp.AVERAGE if average else ReduceOp.SUM
     if op is None:

@@ -3,110 +3,23 @@
 Change `import horovod.tensorflow.keras as hvd` to `import horovodlite.keras as hvd` and run.
 """
 
-from horovodlite import (
-    Adasum,
-    Average,
-    HorovodInternalError,
-    HorovodLiteError,
-    Max,
-    Min,
-    ProcessSet,
-    Product,
-    ReduceOp,
-    Sum,
-    __version__,
-    add_process_set,
-    allgather_object,
-    broadcast_object,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    global_process_set,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    remove_process_set,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
+from horovodlite import allgather_object, broadcast_object
+from horovodlite.training import common
+from horovodlite.training.common import *  # noqa: F403
 
-from . import callbacks
+from . import callbacks, functions
 from .compression import Compression
-from .functions import (
-    allgather,
-    allreduce,
-    broadcast,
-    broadcast_global_variables,
-    broadcast_variables,
-    reducescatter,
-)
+from .functions import *  # noqa: F403
 from .optimizer import DistributedOptimizer, load_model
 
+# Its own names, the core's that every binding shares, and all of functions'.
 __all__ = [
-    # process state and build facts (the core's, shared by every binding)
-    "init",
-    "shutdown",
-    "is_initialized",
-    "size",
-    "rank",
-    "local_size",
-    "local_rank",
-    "cross_size",
-    "cross_rank",
-    "is_homogeneous",
-    "mpi_threads_supported",
-    "mpi_built",
-    "mpi_enabled",
-    "gloo_built",
-    "gloo_enabled",
-    "nccl_built",
-    "ccl_built",
-    "ddl_built",
-    "rocm_built",
-    "cuda_built",
-    "start_timeline",
-    "stop_timeline",
-    "__version__",
-    # reduce ops, process sets, errors
-    "ReduceOp",
-    "Average",
-    "Sum",
-    "Min",
-    "Max",
-    "Product",
-    "Adasum",
-    "ProcessSet",
-    "global_process_set",
-    "add_process_set",
-    "remove_process_set",
-    "HorovodLiteError",
-    "HorovodInternalError",
-    # training
     "Compression",
     "DistributedOptimizer",
     "load_model",
     "callbacks",
-    "broadcast_variables",
-    "broadcast_global_variables",
     "broadcast_object",
     "allgather_object",
-    # collectives on the backend's tensors
-    "allreduce",
-    "allgather",
-    "broadcast",
-    "reducescatter",
 ]
+__all__ += common.__all__
+__all__ += functions.__all__

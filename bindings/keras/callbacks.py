@@ -6,7 +6,7 @@ import horovodlite as core
 import keras
 from horovodlite.process_sets import global_process_set
 
-from .backend import broadcast_variables
+from .functions import broadcast_variables
 
 __all__ = [
     "BroadcastGlobalVariablesCallback",
@@ -34,7 +34,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         variables = list(self.model.variables)
         if optimizer is not None:
             variables += list(optimizer.variables)
-        broadcast_variables(variables, self.root_rank, self.process_set)
+        broadcast_variables(variables, self.root_rank, process_set=self.process_set)
         self.broadcast_done = True
 
     def on_train_begin(self, logs=None):

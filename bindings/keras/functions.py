@@ -1,10 +1,13 @@
 """Collectives on the Keras backend's tensors, and broadcasting variables."""
 
+import numpy as np
+
+import horovodlite as core
 import keras
 from horovodlite.ops import ReduceOp
 from horovodlite.process_sets import global_process_set
 
-from . import backend
+from .backend import framework
 from .compression import Compression
 
 __all__ = [
@@ -28,7 +31,7 @@ def allreduce(
     process_set=global_process_set,
 ):
     """Return the reduction of `value` (a tensor or array) over the ranks, as a backend tensor."""
-    return backend.framework().allreduce(
+    return framework().allreduce(
         keras.ops.convert_to_tensor(value),
         average=average,
         name=name,
@@ -42,28 +45,32 @@ def allreduce(
 
 def allgather(value, name=None, process_set=global_process_set):
     """Return every rank's `value` concatenated on dimension 0, as a backend tensor."""
-    return backend.framework().allgather(
-        keras.ops.convert_to_tensor(value), name=name, process_set=process_set
-    )
+    tensor = keras.ops.convert_to_tensor(value)
+    return framework().allgather(tensor, name=name, process_set=process_set)
 
 
 def broadcast(value, root_rank, name=None, process_set=global_process_set):
     """Return `root_rank`'s `value` on every rank, as a backend tensor."""
-    return backend.framework().broadcast(
-        keras.ops.convert_to_tensor(value), root_rank, name=name, process_set=process_set
-    )
+    tensor = keras.ops.convert_to_tensor(value)
+    return framework().broadcast(tensor, root_rank, name=name, process_set=process_set)
 
 
 def reducescatter(value, name=None, op=ReduceOp.AVERAGE, process_set=global_process_set):
     """Reduce `value` over the ranks and return this rank's rows of dimension 0."""
-    return backend.framework().reducescatter(
-        keras.ops.convert_to_tensor(value), name=name, op=op, process_set=process_set
-    )
+    tensor = keras.ops.convert_to_tensor(value)
+    return framework().reducescatter(tensor, name=name, op=op, process_set=process_set)
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set) -> None:
-    """Overwrite Keras variables (`model.variables`, `optimizer.variables`) with the root's."""
-    backend.broadcast_variables(variables, root_rank, process_set)
+    """Overwrite Keras variables (`model.variables`, `optimizer.variables`) with the root's.
+
+    Eagerly, through numpy, which every backend can read and assign.
+    """
+    variables = list(variables)
+    arrays = [np.array(keras.ops.convert_to_numpy(v.value), order="C") for v in variables]
+    handles = [core.broadcast_async_(array, root_rank, process_set=process_set) for array in arrays]
+    for variable, handle in zip(variables, handles):
+        variable.assign(core.synchronize(handle))
 
 
 def broadcast_global_variables(root_rank):

@@ -9,21 +9,19 @@ step, in `_clip_gradients`, the one method Keras calls exactly once per real upd
 the gradients are clipped and applied.
 """
 
+import dataclasses
+
 import keras
 from horovodlite.ops import ReduceOp
 from horovodlite.process_sets import global_process_set
+from horovodlite.training import ReductionSettings
 
-from .backend import GradientReducer
+from .backend import gradient_reducer
 from .compression import Compression
 
-__all__ = ["DistributedOptimizer", "load_model"]
+__all__ = ["DistributedOptimizer", "load_model", "wrap"]
 
 _CLASSES: dict = {}
-
-
-class _Settings:
-    def __init__(self, reduce, backward_passes_per_step: int):
-        self.reduce, self.backward_passes_per_step = reduce, backward_passes_per_step
 
 
 def _distributed_class(base: type) -> type:
@@ -42,15 +40,15 @@ def _distributed_class(base: type) -> type:
             _horovodlite_distributed = True
 
             def apply(self, grads, trainable_variables=None):
-                settings = self._horovodlite
-                if settings.backward_passes_per_step == 1:
-                    grads = settings.reduce(list(grads))
+                reduce = self._horovodlite
+                if reduce.settings.backward_passes_per_step == 1:
+                    grads = reduce(list(grads))
                 return super().apply(grads, trainable_variables)
 
             def _clip_gradients(self, grads):
-                settings = self._horovodlite
-                if settings.backward_passes_per_step > 1:
-                    grads = settings.reduce(list(grads))
+                reduce = self._horovodlite
+                if reduce.settings.backward_passes_per_step > 1:
+                    grads = reduce(list(grads))
                 return super()._clip_gradients(grads)
 
         Distributed.__name__ = base.__name__
@@ -60,36 +58,36 @@ def _distributed_class(base: type) -> type:
     return _CLASSES[base]
 
 
-def _settings(
-    compression,
-    sparse_as_dense,
-    gradient_predivide_factor,
-    op,
-    backward_passes_per_step,
-    average_aggregated_gradients,
-    num_groups,
-    groups,
-    process_set,
-) -> _Settings:
-    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int):
-        raise TypeError(
-            "backward_passes_per_step must be an int, got "
-            f"{type(backward_passes_per_step).__name__}"
-        )
-    if backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-    if num_groups and groups is not None:
-        raise ValueError("give num_groups or groups, not both")
-    if not isinstance(num_groups, int) or num_groups < 0:
-        raise ValueError(f"num_groups must be a non-negative int, got {num_groups!r}")
-    # Keras averages the accumulated gradients; Horovod's default is their sum.
-    postscale = 1.0
-    if backward_passes_per_step > 1 and not average_aggregated_gradients:
-        postscale = float(backward_passes_per_step)
-    reduce = GradientReducer(
-        compression, sparse_as_dense, op, gradient_predivide_factor, process_set, postscale
-    )
-    return _Settings(reduce, backward_passes_per_step)
+def wrap(optimizer, settings: ReductionSettings, *, name=None, average_aggregated_gradients=False):
+    """Return a new optimizer of `optimizer`'s class that reduces gradients as `settings` say.
+
+    DistributedOptimizer here and in horovodlite.tensorflow check their arguments into
+    `settings`, then hand on to this.
+
+    Raises:
+        ValueError: both the optimizer's gradient_accumulation_steps and
+            backward_passes_per_step > 1.
+        NotImplementedError: the Keras backend is neither tensorflow nor torch.
+    """
+    passes = settings.backward_passes_per_step
+    if passes > 1 and not average_aggregated_gradients:
+        # Keras averages the accumulated gradients; Horovod's default is their sum.
+        settings = dataclasses.replace(settings, extra_postscale=float(passes))
+    reduce = gradient_reducer(settings)
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    if passes > 1:
+        if config.get("gradient_accumulation_steps"):
+            raise ValueError(
+                "the optimizer already accumulates gradients (gradient_accumulation_steps="
+                f"{config['gradient_accumulation_steps']}): set that or "
+                "backward_passes_per_step, not both"
+            )
+        config["gradient_accumulation_steps"] = passes
+    wrapped = _distributed_class(type(optimizer)).from_config(config)
+    wrapped._horovodlite = reduce
+    return wrapped
 
 
 def DistributedOptimizer(
@@ -137,31 +135,19 @@ def DistributedOptimizer(
         raise TypeError(
             f"DistributedOptimizer wraps a Keras 3 optimizer, got {type(optimizer).__name__}"
         )
-    settings = _settings(
-        compression,
-        sparse_as_dense,
-        gradient_predivide_factor,
-        op,
-        backward_passes_per_step,
-        average_aggregated_gradients,
-        num_groups,
-        groups,
-        process_set,
+    settings = ReductionSettings(
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor,
+        op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        num_groups=num_groups,
+        groups=groups,
+        process_set=process_set,
     )
-    config = optimizer.get_config()
-    if name is not None:
-        config["name"] = name
-    if backward_passes_per_step > 1:
-        if config.get("gradient_accumulation_steps"):
-            raise ValueError(
-                "the optimizer already accumulates gradients (gradient_accumulation_steps="
-                f"{config['gradient_accumulation_steps']}): set that or "
-                "backward_passes_per_step, not both"
-            )
-        config["gradient_accumulation_steps"] = backward_passes_per_step
-    wrapped = _distributed_class(type(optimizer)).from_config(config)
-    wrapped._horovodlite = settings
-    return wrapped
+    return wrap(
+        optimizer, settings, name=name, average_aggregated_gradients=average_aggregated_gradients
+    )
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):
@@ -181,7 +167,5 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     if optimizer is not None:
         # Re-class the loaded optimizer in place, so its restored variables stay.
         optimizer.__class__ = _distributed_class(type(optimizer))
-        optimizer._horovodlite = _settings(
-            compression, False, 1.0, ReduceOp.AVERAGE, 1, False, 0, None, global_process_set
-        )
+        optimizer._horovodlite = gradient_reducer(ReductionSettings(compression=compression))
     return model

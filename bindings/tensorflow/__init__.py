@@ -4,136 +4,18 @@ Works eagerly, inside `tf.function` (including the graph `model.fit` compiles) a
 graphs run by `tf.compat.v1.Session`.
 """
 
-from horovodlite import (
-    Adasum,
-    Average,
-    HorovodInternalError,
-    HorovodLiteError,
-    Max,
-    Min,
-    ProcessSet,
-    Product,
-    ReduceOp,
-    Sum,
-    __version__,
-    add_process_set,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    global_process_set,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    remove_process_set,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
+from horovodlite.training import common
+from horovodlite.training.common import *  # noqa: F403
 
+from . import functions, mpi_ops
 from .compression import Compression
-from .functions import (
-    BroadcastGlobalVariablesHook,
-    allgather_object,
-    broadcast_global_variables,
-    broadcast_object,
-    broadcast_variables,
-)
-from .mpi_ops import (
-    allgather,
-    allreduce,
-    alltoall,
-    barrier,
-    broadcast,
-    broadcast_,
-    grouped_allgather,
-    grouped_allreduce,
-    grouped_reducescatter,
-    join,
-    local_rank_op,
-    local_size_op,
-    process_set_included_op,
-    rank_op,
-    reducescatter,
-    size_op,
-)
-from .optimizer import DistributedGradientTape, DistributedOptimizer
+from .functions import *  # noqa: F403
+from .gradients import DistributedGradientTape
+from .mpi_ops import *  # noqa: F403
+from .optimizer import DistributedOptimizer
 
-__all__ = [
-    # process state and build facts (the core's, shared by every binding)
-    "init",
-    "shutdown",
-    "is_initialized",
-    "size",
-    "rank",
-    "local_size",
-    "local_rank",
-    "cross_size",
-    "cross_rank",
-    "is_homogeneous",
-    "mpi_threads_supported",
-    "mpi_built",
-    "mpi_enabled",
-    "gloo_built",
-    "gloo_enabled",
-    "nccl_built",
-    "ccl_built",
-    "ddl_built",
-    "rocm_built",
-    "cuda_built",
-    "start_timeline",
-    "stop_timeline",
-    "__version__",
-    # reduce ops, process sets, errors
-    "ReduceOp",
-    "Average",
-    "Sum",
-    "Min",
-    "Max",
-    "Product",
-    "Adasum",
-    "ProcessSet",
-    "global_process_set",
-    "add_process_set",
-    "remove_process_set",
-    "HorovodLiteError",
-    "HorovodInternalError",
-    # collectives as ops
-    "allreduce",
-    "grouped_allreduce",
-    "allgather",
-    "grouped_allgather",
-    "broadcast",
-    "broadcast_",
-    "alltoall",
-    "reducescatter",
-    "grouped_reducescatter",
-    "join",
-    "barrier",
-    "size_op",
-    "rank_op",
-    "local_size_op",
-    "local_rank_op",
-    "process_set_included_op",
-    # training
-    "Compression",
-    "DistributedGradientTape",
-    "DistributedOptimizer",
-    "broadcast_variables",
-    "broadcast_global_variables",
-    "BroadcastGlobalVariablesHook",
-    "broadcast_object",
-    "allgather_object",
-]
+# Its own names, the core's that every binding shares, and all of mpi_ops' and functions'.
+__all__ = ["Compression", "DistributedGradientTape", "DistributedOptimizer"]
+__all__ += common.__all__
+__all__ += mpi_ops.__all__
+__all__ += functions.__all__

@@ -1,64 +1,14 @@
-"""Gradient compression for the wire: cast before the collective, cast back after."""
+"""Gradient compression on TensorFlow tensors: the training layer's compressors with tf.cast."""
 
 import tensorflow as tf
+from horovodlite.training import Casts, Compressor, NoneCompressor, compression_namespace
 
 __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor"]
 
-
-class Compressor:
-    """A compression strategy: `compress(tensor) -> (tensor, ctx)`, `decompress(tensor, ctx)`."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Send tensors as they are."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class _CastCompressor(Compressor):
-    wire_dtype: tf.DType
-
-    @classmethod
-    def compress(cls, tensor):
-        # Only floating tensors are cast; integers would lose their meaning.
-        if tensor.dtype.is_floating and tensor.dtype != cls.wire_dtype:
-            return tf.cast(tensor, cls.wire_dtype), tensor.dtype
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor if ctx is None else tf.cast(tensor, ctx)
-
-
-class FP16Compressor(_CastCompressor):
-    """Send floating tensors as float16 (half the bytes; range up to 65504)."""
-
-    wire_dtype = tf.float16
-
-
-class BF16Compressor(_CastCompressor):
-    """Send floating tensors as bfloat16 (half the bytes, float32's range, 8 bits of mantissa)."""
-
-    wire_dtype = tf.bfloat16
-
-
-class Compression:
-    """The compression strategies, as Horovod names them."""
-
-    none = NoneCompressor
-    fp16 = FP16Compressor
-    bf16 = BF16Compressor
+Compression = compression_namespace(
+    Casts(cast=tf.cast, is_floating=lambda dtype: dtype.is_floating),
+    float16=tf.float16,
+    bfloat16=tf.bfloat16,
+    module=__name__,
+)
+FP16Compressor, BF16Compressor = Compression.fp16, Compression.bf16

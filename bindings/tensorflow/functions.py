@@ -59,7 +59,7 @@ class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
         if self.bcast_op is None or self.bcast_op.graph is not graph:
             with tf.device("/cpu:0"):
                 self.bcast_op = broadcast_variables(
-                    tf.compat.v1.global_variables(), self.root_rank, self.process_set
+                    tf.compat.v1.global_variables(), self.root_rank, process_set=self.process_set
                 )
 
     def after_create_session(self, session, coord):
@@ -68,9 +68,9 @@ class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
     """Return `root_rank`'s picklable `obj` on every rank. `session` is accepted for Horovod."""
-    return core.broadcast_object(obj, root_rank, name, process_set)
+    return core.broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set) -> list:
     """Return every rank's picklable `obj`, in rank order. `session` is accepted for Horovod."""
-    return core.allgather_object(obj, name, process_set)
+    return core.allgather_object(obj, name=name, process_set=process_set)

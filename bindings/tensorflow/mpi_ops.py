@@ -16,8 +16,9 @@ import numpy as np
 
 import horovodlite as core
 import tensorflow as tf
-from horovodlite.ops import ReduceOp, resolve_op
-from horovodlite.process_sets import global_process_set
+from horovodlite.ops import ReduceOp
+from horovodlite.process_sets import global_process_set, process_set_ranks
+from horovodlite.training import reduce_kwargs, run_per_dtype
 
 from .compression import Compression
 
@@ -44,14 +45,14 @@ __all__ = [
 # -- running core collectives as ops --------------------------------------------------------
 
 
-def _request_name(name, kind: str):
+def _request_name(name, *, kind: str):
     """Return the engine's name for a request: the user's, submission order, or graph place."""
     if name is not None or tf.executing_eagerly() or tf.inside_function():
         return name
     return tf.compat.v1.get_default_graph().unique_name(f"horovodlite_{kind}", mark_as_used=True)
 
 
-def _run_op(func, inputs: list, touts: list, shapes: list, kind: str) -> list:
+def _run_op(func, inputs: list, *, touts: list, shapes: list, kind: str) -> list:
     """Return the tensors `func(*arrays)` computes: now if eager, else when the graph runs."""
     inputs = [tf.convert_to_tensor(t) for t in inputs]
 
@@ -96,53 +97,32 @@ def _set_size(process_set) -> int:
     return (process_set or global_process_set).size()
 
 
-def _wait_all(handles: list) -> list:
-    return [core.synchronize(handle) for handle in handles]
-
-
 # -- all-reduce -----------------------------------------------------------------------------
 
 
-def _allreduce_arrays(arrays, name, op, prescale, postscale, process_set) -> list:
+def _allreduce_arrays(arrays, *, name, args: dict) -> list:
     """All-reduce `arrays`, one fused group per dtype; return the results in order."""
-    groups: dict = {}
-    for i, array in enumerate(arrays):
-        groups.setdefault(array.dtype, []).append(i)
-    handles = []
-    for dtype, members in groups.items():
-        group_name = name if name is None or len(groups) == 1 else f"{name}.{dtype}"
-        handles.append(
-            core.grouped_allreduce_async(
-                [arrays[i] for i in members],
-                op=op,
-                name=group_name,
-                prescale_factor=prescale,
-                postscale_factor=postscale,
-                process_set=process_set,
-            )
-        )
-    out = [None] * len(arrays)
-    for members, results in zip(groups.values(), _wait_all(handles)):
-        for i, result in zip(members, results):
-            out[i] = result
-    return out
+
+    def start(group, suffix):
+        group_name = name if name is None or suffix is None else f"{name}.{suffix}"
+        return core.grouped_allreduce_async(group, name=group_name, **args)
+
+    return run_per_dtype(arrays, start, core.synchronize)
 
 
-def _allreduce_dense(tensors, name, op, prescale, postscale, process_set) -> list:
+def _allreduce_dense(tensors, *, name, args: dict) -> list:
     """All-reduce dense tensors (any dtypes) as one op; differentiable."""
     if not tensors:
         return []
 
     def forward(xs, name=name):
-        request = _request_name(name, "allreduce")
+        request = _request_name(name, kind="allreduce")
         return _run_op(
-            lambda *arrays: _allreduce_arrays(
-                arrays, request, op, prescale, postscale, process_set
-            ),
+            lambda *arrays: _allreduce_arrays(arrays, name=request, args=args),
             xs,
-            [x.dtype for x in xs],
-            [x.shape for x in xs],
-            "Allreduce",
+            touts=[x.dtype for x in xs],
+            shapes=[x.shape for x in xs],
+            kind="Allreduce",
         )
 
     def backward(dys, xs):
@@ -152,17 +132,19 @@ def _allreduce_dense(tensors, name, op, prescale, postscale, process_set) -> lis
     return _differentiable(forward, backward, tensors)
 
 
-def _allreduce_sparse(slices, name, op, prescale, postscale, process_set):
+def _allreduce_sparse(slices, *, name, args: dict):
     """All-reduce `tf.IndexedSlices` as Horovod does: allgather the values and the indices."""
+    op = args["op"]
     if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
         raise NotImplementedError(
             f"tf.IndexedSlices are all-reduced by allgather, which supports Average and Sum, "
             f"got {op.name}: pass sparse_as_dense=True or convert with tf.convert_to_tensor"
         )
+    process_set = args["process_set"]
     values, indices = grouped_allgather(
         [slices.values, slices.indices], name=name, process_set=process_set
     )
-    scale = prescale * postscale
+    scale = args["prescale_factor"] * args["postscale_factor"]
     if op == ReduceOp.AVERAGE:
         scale /= _set_size(process_set)
     if scale != 1.0:
@@ -195,15 +177,17 @@ def allreduce(
         name: the name that matches this request across ranks (default: automatic).
         process_set: the ranks taking part.
     """
-    reduce_op = resolve_op(op, average)
-    if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_sparse(
-            tensor, name, reduce_op, prescale_factor, postscale_factor, process_set
-        )
-    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
-    (reduced,) = _allreduce_dense(
-        [compressed], name, reduce_op, prescale_factor, postscale_factor, process_set
+    args = reduce_kwargs(
+        op=op,
+        average=average,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
     )
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_sparse(tensor, name=name, args=args)
+    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    (reduced,) = _allreduce_dense([compressed], name=name, args=args)
     return compression.decompress(reduced, ctx)
 
 
@@ -223,27 +207,24 @@ def grouped_allreduce(
 
     Tensors of several dtypes are fine: each dtype travels as one fused buffer.
     """
-    reduce_op = resolve_op(op, average)
+    args = reduce_kwargs(
+        op=op,
+        average=average,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
     tensors = list(tensors)
     out: list = [None] * len(tensors)
     dense, compressed = [], []
     for i, tensor in enumerate(tensors):
         if isinstance(tensor, tf.IndexedSlices):
             sparse_name = None if name is None else f"{name}.sparse.{i}"
-            out[i] = _allreduce_sparse(
-                tensor, sparse_name, reduce_op, prescale_factor, postscale_factor, process_set
-            )
+            out[i] = _allreduce_sparse(tensor, name=sparse_name, args=args)
         else:
             dense.append(i)
             compressed.append(compression.compress(tf.convert_to_tensor(tensor)))
-    reduced = _allreduce_dense(
-        [t for t, _ in compressed],
-        name,
-        reduce_op,
-        prescale_factor,
-        postscale_factor,
-        process_set,
-    )
+    reduced = _allreduce_dense([t for t, _ in compressed], name=name, args=args)
     for i, result, (_, ctx) in zip(dense, reduced, compressed):
         out[i] = compression.decompress(result, ctx)
     return out
@@ -252,22 +233,31 @@ def grouped_allreduce(
 # -- allgather ------------------------------------------------------------------------------
 
 
-def _allgather_backward(dys, xs, process_set) -> list:
+def _allgather_backward(dys, xs, *, process_set) -> list:
     """Average the gradients over the ranks and keep this rank's rows of each."""
     rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])
-    request = _request_name(None, "allgather_grad")
+    request = _request_name(None, kind="allgather_grad")
     rows_request = None if request is None else f"{request}.rows"
+    average = reduce_kwargs(op=ReduceOp.AVERAGE, process_set=process_set)
 
     def run(rows_here, *grads):
-        reduced = _allreduce_arrays(grads, request, ReduceOp.AVERAGE, 1.0, 1.0, process_set)
+        reduced = _allreduce_arrays(grads, name=request, args=average)
         everyone = core.synchronize(
-            core.allgather_async(rows_here.reshape(1, -1), rows_request, process_set)
+            core.allgather_async(
+                rows_here.reshape(1, -1), name=rows_request, process_set=process_set
+            )
         )
         me = (process_set or global_process_set).rank()
         offsets = everyone[:me].sum(axis=0)
         return [r[o : o + n] for r, o, n in zip(reduced, offsets, everyone[me])]
 
-    return _run_op(run, [rows, *dys], [x.dtype for x in xs], [x.shape for x in xs], "AllgatherGrad")
+    return _run_op(
+        run,
+        [rows, *dys],
+        touts=[x.dtype for x in xs],
+        shapes=[x.shape for x in xs],
+        kind="AllgatherGrad",
+    )
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -280,20 +270,21 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=g
             raise ValueError("allgather works on dimension 0, but got a 0-d tensor: reshape it")
 
     def forward(xs):
-        request = _request_name(name, "allgather")
+        request = _request_name(name, kind="allgather")
         return _run_op(
-            lambda *arrays: _wait_all(
-                [core.grouped_allgather_async(arrays, name=request, process_set=process_set)]
-            )[0],
+            lambda *arrays: core.synchronize(
+                core.grouped_allgather_async(arrays, name=request, process_set=process_set)
+            ),
             xs,
-            [x.dtype for x in xs],
-            [_rows_shape(x) for x in xs],
-            "Allgather",
+            touts=[x.dtype for x in xs],
+            shapes=[_rows_shape(x) for x in xs],
+            kind="Allgather",
         )
 
-    return _differentiable(
-        forward, lambda dys, xs: _allgather_backward(dys, xs, process_set), tensors
-    )
+    def backward(dys, xs):
+        return _allgather_backward(dys, xs, process_set=process_set)
+
+    return _differentiable(forward, backward, tensors)
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -307,26 +298,41 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
 # -- broadcast ------------------------------------------------------------------------------
 
 
-def _broadcast_tensors(tensors, root_rank, name, process_set) -> list:
+def _broadcast_tensors(tensors, *, root_rank, name, process_set) -> list:
     def forward(xs, name=name):
-        request = _request_name(name, "broadcast")
+        request = _request_name(name, kind="broadcast")
 
         def run(*arrays):
             names = [None if request is None else f"{request}.{i}" for i in range(len(arrays))]
-            return _wait_all(
-                [core.broadcast_async(a, root_rank, n, process_set) for a, n in zip(arrays, names)]
-            )
+            handles = [
+                core.broadcast_async(array, root_rank, name=n, process_set=process_set)
+                for array, n in zip(arrays, names)
+            ]
+            return [core.synchronize(handle) for handle in handles]
 
-        return _run_op(run, xs, [x.dtype for x in xs], [x.shape for x in xs], "Broadcast")
+        return _run_op(
+            run,
+            xs,
+            touts=[x.dtype for x in xs],
+            shapes=[x.shape for x in xs],
+            kind="Broadcast",
+        )
 
     def backward(dys, xs):
-        request = _request_name(None, "broadcast_grad")
+        request = _request_name(None, kind="broadcast_grad")
+        average = reduce_kwargs(op=ReduceOp.AVERAGE, process_set=process_set)
 
         def run(*grads):
-            reduced = _allreduce_arrays(grads, request, ReduceOp.AVERAGE, 1.0, 1.0, process_set)
+            reduced = _allreduce_arrays(grads, name=request, args=average)
             return reduced if core.rank() == root_rank else [r * 0 for r in reduced]
 
-        return _run_op(run, dys, [x.dtype for x in xs], [x.shape for x in xs], "BroadcastGrad")
+        return _run_op(
+            run,
+            dys,
+            touts=[x.dtype for x in xs],
+            shapes=[x.shape for x in xs],
+            kind="BroadcastGrad",
+        )
 
     return _differentiable(forward, backward, tensors)
 
@@ -335,7 +341,10 @@ def broadcast(
     tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set
 ):
     """Return global rank `root_rank`'s `tensor` on every rank (differentiable)."""
-    return _broadcast_tensors([tf.convert_to_tensor(tensor)], root_rank, name, process_set)[0]
+    (result,) = _broadcast_tensors(
+        [tf.convert_to_tensor(tensor)], root_rank=root_rank, name=name, process_set=process_set
+    )
+    return result
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
@@ -347,7 +356,10 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
     if not variables:
         return []
     values = _broadcast_tensors(
-        [tf.convert_to_tensor(v) for v in variables], root_rank, name, process_set
+        [tf.convert_to_tensor(v) for v in variables],
+        root_rank=root_rank,
+        name=name,
+        process_set=process_set,
     )
     return [var.assign(value) for var, value in zip(variables, values)]
 
@@ -374,32 +386,36 @@ def alltoall(
             size = _set_size(process_set)
             rows = array.shape[0] if array.ndim else -1
             send = np.full(size, rows // size, np.int64) if rows >= 0 and rows % size == 0 else None
-        return core.synchronize(core.alltoall_async(array, send, request, process_set))
+        return core.synchronize(
+            core.alltoall_async(array, send, name=request, process_set=process_set)
+        )
 
     received = []
 
     def forward(xs):
-        request = _request_name(name, "alltoall")
+        request = _request_name(name, kind="alltoall")
         out, got = _run_op(
             lambda array, send: exchange(array, send, request),
             [xs[0], split_tensor],
-            [xs[0].dtype, tf.int32],
-            [_rows_shape(xs[0]), tf.TensorShape([None])],
-            "Alltoall",
+            touts=[xs[0].dtype, tf.int32],
+            shapes=[_rows_shape(xs[0]), tf.TensorShape([None])],
+            kind="Alltoall",
         )
         received.append(got)
         return [out]
 
     def backward(dys, xs):
-        request = _request_name(None, "alltoall_grad")
+        request = _request_name(None, kind="alltoall_grad")
         (grad,) = _run_op(
             lambda g, back: [
-                core.synchronize(core.alltoall_async(g, back, request, process_set))[0]
+                core.synchronize(
+                    core.alltoall_async(g, back, name=request, process_set=process_set)
+                )[0]
             ],
             [dys[0], received[-1]],
-            [xs[0].dtype],
-            [xs[0].shape],
-            "AlltoallGrad",
+            touts=[xs[0].dtype],
+            shapes=[xs[0].shape],
+            kind="AlltoallGrad",
         )
         return [grad]
 
@@ -418,7 +434,12 @@ def grouped_reducescatter(
     postscale_factor=1.0,
 ) -> list:
     """Return reducescatter() of every tensor in `tensors`, as one op (differentiable)."""
-    reduce_op = resolve_op(op, None)
+    args = reduce_kwargs(
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
     compressed = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
     xs = [t for t, _ in compressed]
     if not xs:
@@ -428,25 +449,21 @@ def grouped_reducescatter(
             raise ValueError("reducescatter works on dimension 0, but got a 0-d tensor: reshape it")
 
     def forward(xs):
-        request = _request_name(name, "reducescatter")
-
-        def run(*arrays):
-            return _wait_all(
-                [
-                    core.grouped_reducescatter_async(
-                        arrays, reduce_op, request, prescale_factor, postscale_factor, process_set
-                    )
-                ]
-            )[0]
-
+        request = _request_name(name, kind="reducescatter")
         return _run_op(
-            run, xs, [x.dtype for x in xs], [_rows_shape(x) for x in xs], "Reducescatter"
+            lambda *arrays: core.synchronize(
+                core.grouped_reducescatter_async(arrays, name=request, **args)
+            ),
+            xs,
+            touts=[x.dtype for x in xs],
+            shapes=[_rows_shape(x) for x in xs],
+            kind="Reducescatter",
         )
 
     def backward(dys, xs):
         gathered = grouped_allgather(dys, process_set=process_set)
         scale = prescale_factor * postscale_factor
-        if reduce_op == ReduceOp.AVERAGE:
+        if args["op"] == ReduceOp.AVERAGE:
             scale /= _set_size(process_set)
         return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gathered]
 
@@ -469,16 +486,16 @@ def reducescatter(
 
     With n rows and k ranks, ranks 0 .. n % k - 1 get n // k + 1 rows, the others n // k.
     """
-    return grouped_reducescatter(
+    (result,) = grouped_reducescatter(
         [tensor],
-        device_dense,
-        compression,
-        op,
-        name,
-        process_set,
-        prescale_factor,
-        postscale_factor,
-    )[0]
+        compression=compression,
+        op=op,
+        name=name,
+        process_set=process_set,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+    )
+    return result
 
 
 # -- join, barrier and the process facts as ops ---------------------------------------------
@@ -489,12 +506,14 @@ def join():
 
     Returns the last rank to join (an int32 tensor, the same on every rank).
     """
-    return _run_op(lambda: [core.join()], [], [tf.int32], [tf.TensorShape([])], "Join")[0]
+    return _run_op(
+        lambda: [core.join()], [], touts=[tf.int32], shapes=[tf.TensorShape([])], kind="Join"
+    )[0]
 
 
 def barrier(process_set=global_process_set):
     """Wait until every rank of the process set reaches this op (in a graph: runs it)."""
-    request = _request_name(None, "barrier")
+    request = _request_name(None, kind="barrier")
 
     def run():
         # Through the engine, so a barrier never blocks a TF thread the other ranks' ops need.
@@ -505,45 +524,42 @@ def barrier(process_set=global_process_set):
         )
         return [True]
 
-    return _run_op(run, [], [tf.bool], [tf.TensorShape([])], "Barrier")[0]
+    return _run_op(run, [], touts=[tf.bool], shapes=[tf.TensorShape([])], kind="Barrier")[0]
 
 
-def _fact_op(fact, name) -> tf.Tensor:
+def _fact_op(fact, *, name) -> tf.Tensor:
+    """Return an int32 scalar op that gives `fact()` when run."""
     with tf.name_scope(name or "horovodlite"):
-        return _run_op(lambda: [fact()], [], [tf.int32], [tf.TensorShape([])], "Fact")[0]
-
-
-def _process_set(process_set_id: int):
-    from horovodlite import state
-
-    return state.current().process_sets[process_set_id]
+        return _run_op(
+            lambda: [fact()], [], touts=[tf.int32], shapes=[tf.TensorShape([])], kind="Fact"
+        )[0]
 
 
 def size_op(process_set_id=0, name=None):
     """Return an op that gives the number of ranks (of the process set) when run."""
-    return _fact_op(lambda: len(_process_set(process_set_id).ranks), name)
+    return _fact_op(lambda: len(process_set_ranks(process_set_id)), name=name)
 
 
 def rank_op(process_set_id=0, name=None):
     """Return an op that gives this process's rank (in the process set) when run."""
 
     def rank():
-        ranks = list(_process_set(process_set_id).ranks)
+        ranks = process_set_ranks(process_set_id)
         return ranks.index(core.rank()) if core.rank() in ranks else -1
 
-    return _fact_op(rank, name)
+    return _fact_op(rank, name=name)
 
 
 def local_size_op(name=None):
     """Return an op that gives the number of ranks on this host when run."""
-    return _fact_op(core.local_size, name)
+    return _fact_op(core.local_size, name=name)
 
 
 def local_rank_op(name=None):
     """Return an op that gives this process's rank on its host when run."""
-    return _fact_op(core.local_rank, name)
+    return _fact_op(core.local_rank, name=name)
 
 
 def process_set_included_op(process_set_id=0, name=None):
     """Return an op that gives 1 if this process is in the process set, else 0, when run."""
-    return _fact_op(lambda: int(core.rank() in _process_set(process_set_id).ranks), name)
+    return _fact_op(lambda: int(core.rank() in process_set_ranks(process_set_id)), name=name)

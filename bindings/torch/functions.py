@@ -59,7 +59,7 @@ def _skeleton(value):
     return value
 
 
-def _fill(skeleton, local, tensors: list, device):
+def _fill(skeleton, local, *, tensors: list, device):
     """Rebuild a structure from `skeleton`, reusing `local`'s tensors where they fit."""
     if isinstance(skeleton, tuple) and skeleton[:1] == ("__tensor__",):
         _, shape, dtype = skeleton
@@ -72,10 +72,14 @@ def _fill(skeleton, local, tensors: list, device):
         return tensor
     if isinstance(skeleton, dict):
         local = local if isinstance(local, dict) else {}
-        return {k: _fill(v, local.get(k), tensors, device) for k, v in skeleton.items()}
+        return {
+            k: _fill(v, local.get(k), tensors=tensors, device=device) for k, v in skeleton.items()
+        }
     if isinstance(skeleton, (list, tuple)):
         local = local if isinstance(local, (list, tuple)) else [None] * len(skeleton)
-        return type(skeleton)(_fill(v, lv, tensors, device) for v, lv in zip(skeleton, local))
+        return type(skeleton)(
+            _fill(v, lv, tensors=tensors, device=device) for v, lv in zip(skeleton, local)
+        )
     return skeleton
 
 
@@ -88,10 +92,12 @@ def broadcast_optimizer_state(
     in-place broadcast. `model` is accepted for Horovod compatibility.
     """
     local = optimizer.state_dict()
-    skeleton = core.broadcast_object(_skeleton(local), root_rank, "optimizer_state", process_set)
+    skeleton = core.broadcast_object(
+        _skeleton(local), root_rank, name="optimizer_state", process_set=process_set
+    )
     device = next((p.device for g in optimizer.param_groups for p in g["params"]), "cpu")
     tensors: list = []
-    state = _fill(skeleton, local, tensors, device)
+    state = _fill(skeleton, local, tensors=tensors, device=device)
     handles = [
         broadcast_async_(t, root_rank, name=f"optimizer_state.{i}", process_set=process_set)
         for i, t in enumerate(tensors)
@@ -103,9 +109,9 @@ def broadcast_optimizer_state(
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Return `root_rank`'s picklable `obj` on every rank."""
-    return core.broadcast_object(obj, root_rank, name, process_set)
+    return core.broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
 
 def allgather_object(obj, name=None, process_set=global_process_set) -> list:
     """Return every rank's picklable `obj`, in rank order."""
-    return core.allgather_object(obj, name, process_set)
+    return core.allgather_object(obj, name=name, process_set=process_set)

@@ -2,7 +2,7 @@
 
 Tensors are handed to the core as zero-copy views (tensors.py); no algorithm lives here. The
 out-of-place synchronous collectives are differentiable, each backward being the collective
-Horovod uses for it.
+Horovod uses for it (`torch.autograd.Function.apply` takes its arguments by position only).
 """
 
 import numpy as np
@@ -10,6 +10,7 @@ import numpy as np
 import horovodlite as core
 import torch
 from horovodlite.process_sets import global_process_set
+from horovodlite.training import reduce_kwargs
 
 from .compression import Compression
 from .tensors import TensorView
@@ -68,16 +69,29 @@ def synchronize(handle: Handle):
     return handle.wait()
 
 
-def _reduce_args(op, average, prescale_factor, postscale_factor, process_set):
-    return dict(
-        op=core.ops.resolve_op(op, average),
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
-
-
 # -- all-reduce -------------------------------------------------------------------------------
+# Each public form keeps Horovod's signature (scripts pass these arguments by position), turns
+# its reduce arguments into one mapping, and hands it on by keyword.
+
+
+def _allreduce_async(tensors: list, *, name, args: dict, inplace: bool, grouped: bool) -> Handle:
+    """Start one all-reduce of `tensors` (a single one, or a fused group); return a Handle."""
+    views = [TensorView(t) for t in tensors]
+    finish = [v.write_back if inplace else v.to_tensor for v in views]
+    if not grouped:
+        start = core.allreduce_async_ if inplace else core.allreduce_async
+        return Handle(start(views[0].array, name=name, **args), finish[0])
+    handle = core.grouped_allreduce_async(
+        [v.array for v in views], name=name, inplace=inplace, **args
+    )
+    return Handle(handle, lambda results: [f(r) for f, r in zip(finish, results)])
+
+
+def _allreduce_now(tensor, *, name, args: dict, inplace: bool = False) -> torch.Tensor:
+    view = TensorView(tensor)
+    if inplace:
+        return view.write_back(core.allreduce_(view.array, name=name, **args))
+    return view.to_tensor(core.allreduce(view.array, name=name, **args))
 
 
 def allreduce_async(
@@ -90,9 +104,14 @@ def allreduce_async(
     process_set=global_process_set,
 ) -> Handle:
     """Start an all-reduce of `tensor` into a new tensor; return a Handle."""
-    view = TensorView(tensor)
-    args = _reduce_args(op, average, prescale_factor, postscale_factor, process_set)
-    return Handle(core.allreduce_async(view.array, name=name, **args), view.to_tensor)
+    args = reduce_kwargs(
+        op=op,
+        average=average,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
+    return _allreduce_async([tensor], name=name, args=args, inplace=False, grouped=False)
 
 
 def allreduce_async_(
@@ -105,27 +124,25 @@ def allreduce_async_(
     process_set=global_process_set,
 ) -> Handle:
     """Start an in-place all-reduce of `tensor`; return a Handle."""
-    view = TensorView(tensor)
-    args = _reduce_args(op, average, prescale_factor, postscale_factor, process_set)
-    return Handle(core.allreduce_async_(view.array, name=name, **args), view.write_back)
-
-
-def _allreduce_now(tensor, name, args, inplace=False):
-    view = TensorView(tensor)
-    if inplace:
-        return view.write_back(core.allreduce_(view.array, name=name, **args))
-    return view.to_tensor(core.allreduce(view.array, name=name, **args))
+    args = reduce_kwargs(
+        op=op,
+        average=average,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
+    return _allreduce_async([tensor], name=name, args=args, inplace=True, grouped=False)
 
 
 class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, args):
         ctx.args = args
-        return _allreduce_now(tensor, name, args)
+        return _allreduce_now(tensor, name=name, args=args)
 
     @staticmethod
     def backward(ctx, grad):
-        return _allreduce_now(grad.contiguous(), None, ctx.args), None, None
+        return _allreduce_now(grad.contiguous(), name=None, args=ctx.args), None, None
 
 
 def allreduce(
@@ -142,7 +159,13 @@ def allreduce(
 
     Args mirror horovodlite.allreduce; `compression` casts the tensor for the wire.
     """
-    args = _reduce_args(op, average, prescale_factor, postscale_factor, process_set)
+    args = reduce_kwargs(
+        op=op,
+        average=average,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
     compressed, ctx = compression.compress(tensor)
     return compression.decompress(_Allreduce.apply(compressed, name, args), ctx)
 
@@ -157,8 +180,14 @@ def allreduce_(
     process_set=global_process_set,
 ) -> torch.Tensor:
     """All-reduce `tensor` in place and return it."""
-    args = _reduce_args(op, average, prescale_factor, postscale_factor, process_set)
-    return _allreduce_now(tensor, name, args, inplace=True)
+    args = reduce_kwargs(
+        op=op,
+        average=average,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
+    return _allreduce_now(tensor, name=name, args=args, inplace=True)
 
 
 def grouped_allreduce_async(
@@ -172,13 +201,14 @@ def grouped_allreduce_async(
     inplace=False,
 ) -> Handle:
     """Start an all-reduce of every tensor in `tensors` (fused); return a Handle of the list."""
-    views = [TensorView(t) for t in tensors]
-    args = _reduce_args(op, average, prescale_factor, postscale_factor, process_set)
-    handle = core.grouped_allreduce_async(
-        [v.array for v in views], name=name, inplace=inplace, **args
+    args = reduce_kwargs(
+        op=op,
+        average=average,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
     )
-    finish = [v.write_back if inplace else v.to_tensor for v in views]
-    return Handle(handle, lambda results: [f(r) for f, r in zip(finish, results)])
+    return _allreduce_async(list(tensors), name=name, args=args, inplace=inplace, grouped=True)
 
 
 def grouped_allreduce_async_(
@@ -191,9 +221,14 @@ def grouped_allreduce_async_(
     process_set=global_process_set,
 ) -> Handle:
     """In-place grouped_allreduce_async()."""
-    return grouped_allreduce_async(
-        tensors, average, name, op, prescale_factor, postscale_factor, process_set, inplace=True
+    args = reduce_kwargs(
+        op=op,
+        average=average,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
     )
+    return _allreduce_async(list(tensors), name=name, args=args, inplace=True, grouped=True)
 
 
 class _GroupedAllreduce(torch.autograd.Function):
@@ -222,7 +257,13 @@ def grouped_allreduce(
     process_set=global_process_set,
 ) -> list:
     """Return the reductions of `tensors`, all-reduced as one fused buffer (differentiable)."""
-    args = _reduce_args(op, average, prescale_factor, postscale_factor, process_set)
+    args = reduce_kwargs(
+        op=op,
+        average=average,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
     compressed = [compression.compress(t) for t in tensors]
     results = _GroupedAllreduce.apply(name, args, *(t for t, _ in compressed))
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed)]
@@ -238,10 +279,15 @@ def grouped_allreduce_(
     process_set=global_process_set,
 ) -> list:
     """All-reduce every tensor in `tensors` in place, as one fused buffer; return them."""
+    args = reduce_kwargs(
+        op=op,
+        average=average,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
     return synchronize(
-        grouped_allreduce_async_(
-            tensors, average, name, op, prescale_factor, postscale_factor, process_set
-        )
+        _allreduce_async(list(tensors), name=name, args=args, inplace=True, grouped=True)
     )
 
 
@@ -288,9 +334,8 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         # As Horovod: average the gradient over the ranks, keep this rank's rows.
-        reduced = _allreduce_now(
-            grad.contiguous(), None, dict(op=core.Average, process_set=ctx.process_set)
-        )
+        args = reduce_kwargs(op=core.Average, process_set=ctx.process_set)
+        reduced = _allreduce_now(grad.contiguous(), name=None, args=args)
         rows = core.allgather_object(ctx.rows, process_set=ctx.process_set)
         me = (ctx.process_set or global_process_set).rank()
         offset = sum(rows[:me])
@@ -313,19 +358,21 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
     """Return the allgather of every tensor in `tensors`."""
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    return synchronize(grouped_allgather_async(tensors, name=name, process_set=process_set))
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """Start a broadcast from `root_rank` into a new tensor; return a Handle."""
     view = TensorView(tensor)
-    return Handle(core.broadcast_async(view.array, root_rank, name, process_set), view.to_tensor)
+    handle = core.broadcast_async(view.array, root_rank, name=name, process_set=process_set)
+    return Handle(handle, view.to_tensor)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """Start an in-place broadcast from `root_rank`; return a Handle."""
     view = TensorView(tensor)
-    return Handle(core.broadcast_async_(view.array, root_rank, name, process_set), view.write_back)
+    handle = core.broadcast_async_(view.array, root_rank, name=name, process_set=process_set)
+    return Handle(handle, view.write_back)
 
 
 class _Broadcast(torch.autograd.Function):
@@ -333,14 +380,14 @@ class _Broadcast(torch.autograd.Function):
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.process_set = root_rank, process_set
         view = TensorView(tensor)
-        return view.to_tensor(core.broadcast(view.array, root_rank, name, process_set))
+        result = core.broadcast(view.array, root_rank, name=name, process_set=process_set)
+        return view.to_tensor(result)
 
     @staticmethod
     def backward(ctx, grad):
         # As Horovod: the root receives the averaged gradient, the others zero.
-        reduced = _allreduce_now(
-            grad.contiguous(), None, dict(op=core.Average, process_set=ctx.process_set)
-        )
+        args = reduce_kwargs(op=core.Average, process_set=ctx.process_set)
+        reduced = _allreduce_now(grad.contiguous(), name=None, args=args)
         if core.rank() != ctx.root_rank:
             reduced = reduced * 0
         return reduced, None, None, None
@@ -354,7 +401,8 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> t
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
     """Overwrite `tensor` with `root_rank`'s, in place; return it."""
     view = TensorView(tensor)
-    return view.write_back(core.broadcast_(view.array, root_rank, name, process_set))
+    result = core.broadcast_(view.array, root_rank, name=name, process_set=process_set)
+    return view.write_back(result)
 
 
 def _splits_array(splits):
@@ -368,7 +416,9 @@ def _splits_array(splits):
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
     """Start an alltoall; synchronize() returns the output, or (output, received_splits)."""
     view = TensorView(tensor)
-    handle = core.alltoall_async(view.array, _splits_array(splits), name, process_set)
+    handle = core.alltoall_async(
+        view.array, _splits_array(splits), name=name, process_set=process_set
+    )
 
     def finish(result):
         if splits is None:
@@ -388,14 +438,14 @@ class _Alltoall(torch.autograd.Function):
             send = np.full(size, tensor.shape[0] // size, dtype=np.int64)
         # Explicit splits give back the received splits, which the backward pass needs; an
         # indivisible tensor still goes in without them, so the core reports it on every rank.
-        out, received = core.alltoall(view.array, send, name, process_set)
+        out, received = core.alltoall(view.array, send, name=name, process_set=process_set)
         ctx.received, ctx.process_set = received, process_set
         return view.to_tensor(out), torch.from_numpy(received)
 
     @staticmethod
     def backward(ctx, grad, _):
         view = TensorView(grad.contiguous())
-        out, _ = core.alltoall(view.array, ctx.received, None, ctx.process_set)
+        out, _ = core.alltoall(view.array, ctx.received, process_set=ctx.process_set)
         return view.to_tensor(out), None, None, None
 
 
@@ -408,6 +458,16 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return output if splits is None else (output, received)
 
 
+def _reducescatter_async(tensors: list, *, name, args: dict, grouped: bool) -> Handle:
+    """Start one reduce-scatter of `tensors` (a single one, or a group); return a Handle."""
+    views = [TensorView(t) for t in tensors]
+    if not grouped:
+        handle = core.reducescatter_async(views[0].array, name=name, **args)
+        return Handle(handle, views[0].to_tensor)
+    handle = core.grouped_reducescatter_async([v.array for v in views], name=name, **args)
+    return Handle(handle, lambda results: [v.to_tensor(r) for v, r in zip(views, results)])
+
+
 def reducescatter_async(
     tensor,
     name=None,
@@ -417,28 +477,29 @@ def reducescatter_async(
     postscale_factor=1.0,
 ) -> Handle:
     """Start a reduce-scatter along dimension 0; return a Handle."""
-    view = TensorView(tensor)
-    handle = core.reducescatter_async(
-        view.array, op, name, prescale_factor, postscale_factor, process_set
+    args = reduce_kwargs(
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
     )
-    return Handle(handle, view.to_tensor)
+    return _reducescatter_async([tensor], name=name, args=args, grouped=False)
 
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
-        ctx.op, ctx.process_set = op, process_set
+    def forward(ctx, tensor, name, args):
+        ctx.args = args
         view = TensorView(tensor)
-        return view.to_tensor(
-            core.reducescatter(view.array, op, name, prescale_factor, postscale_factor, process_set)
-        )
+        return view.to_tensor(core.reducescatter(view.array, name=name, **args))
 
     @staticmethod
     def backward(ctx, grad):
-        gathered = allgather(grad.contiguous(), process_set=ctx.process_set)
-        if core.ops.resolve_op(ctx.op, None) == core.Average:
-            gathered = gathered / (ctx.process_set or global_process_set).size()
-        return gathered, None, None, None, None, None
+        process_set = ctx.args["process_set"]
+        gathered = allgather(grad.contiguous(), process_set=process_set)
+        if ctx.args["op"] == core.Average:
+            gathered = gathered / (process_set or global_process_set).size()
+        return gathered, None, None
 
 
 def reducescatter(
@@ -451,11 +512,14 @@ def reducescatter(
     postscale_factor=1.0,
 ) -> torch.Tensor:
     """Reduce `tensor` over the ranks; return this rank's rows of dimension 0 (differentiable)."""
-    compressed, ctx = compression.compress(tensor)
-    result = _Reducescatter.apply(
-        compressed, name, op, process_set, prescale_factor, postscale_factor
+    args = reduce_kwargs(
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
     )
-    return compression.decompress(result, ctx)
+    compressed, ctx = compression.compress(tensor)
+    return compression.decompress(_Reducescatter.apply(compressed, name, args), ctx)
 
 
 def grouped_reducescatter_async(
@@ -467,11 +531,13 @@ def grouped_reducescatter_async(
     postscale_factor=1.0,
 ) -> Handle:
     """Start a reduce-scatter of every tensor in `tensors`; return a Handle of the list."""
-    views = [TensorView(t) for t in tensors]
-    handle = core.grouped_reducescatter_async(
-        [v.array for v in views], op, name, prescale_factor, postscale_factor, process_set
+    args = reduce_kwargs(
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
     )
-    return Handle(handle, lambda results: [v.to_tensor(r) for v, r in zip(views, results)])
+    return _reducescatter_async(list(tensors), name=name, args=args, grouped=True)
 
 
 def grouped_reducescatter(
@@ -483,11 +549,13 @@ def grouped_reducescatter(
     postscale_factor=1.0,
 ) -> list:
     """Return the reduce-scatter of every tensor in `tensors`."""
-    return synchronize(
-        grouped_reducescatter_async(
-            tensors, name, op, process_set, prescale_factor, postscale_factor
-        )
+    args = reduce_kwargs(
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
     )
+    return synchronize(_reducescatter_async(list(tensors), name=name, args=args, grouped=True))
 
 
 def join(device=-1) -> int:
@@ -500,4 +568,4 @@ def join(device=-1) -> int:
 
 def barrier(process_set=global_process_set) -> None:
     """Wait until every rank of the process set reaches this call."""
-    core.barrier(process_set)
+    core.barrier(process_set=process_set)

@@ -1,10 +1,12 @@
 """DistributedOptimizer: all-reduce each gradient the moment backward() produces it."""
 
 import contextlib
+import dataclasses
 
 import horovodlite as core
 import torch
 from horovodlite.process_sets import global_process_set
+from horovodlite.training import ReductionSettings, partition
 
 from .compression import Compression
 from .mpi_ops import (
@@ -20,40 +22,34 @@ __all__ = ["DistributedOptimizer"]
 class _DistributedMixin:
     """Methods that a DistributedOptimizer adds in front of the wrapped optimizer's class."""
 
-    def _hvd_setup(
-        self,
-        named_parameters,
-        compression,
-        backward_passes_per_step,
-        op,
-        gradient_predivide_factor,
-        groups,
-        sparse_as_dense,
-        process_set,
-    ):
-        self._hvd_compression = compression
-        self._hvd_op = op
-        self._hvd_process_set = process_set
-        self._hvd_sparse_as_dense = sparse_as_dense
-        self.backward_passes_per_step = backward_passes_per_step
-        # Average with a predivide factor f: divide by f before the sum, multiply by f after
-        # (and Average divides by the size), so large gradients do not overflow in fp16.
-        self._hvd_scale = (1.0 / gradient_predivide_factor, gradient_predivide_factor)
+    def _hvd_setup(self, *, named_parameters, settings: ReductionSettings) -> None:
+        self._hvd_settings = settings
         params = [p for group in self.param_groups for p in group["params"]]
         self._hvd_names = _parameter_names(params, named_parameters)
-        self._hvd_groups = _parameter_groups(params, groups)
+        self._hvd_groups = partition(params, settings.grouping)
         self._hvd_group_of = {p: g for g in self._hvd_groups for p in g}
         self._hvd_counts = {p: 0 for p in params}
         self._hvd_ready: dict = {}  # group -> parameters whose gradient is ready
         self._hvd_pending: dict = {}  # group -> (handle, [(param, wire tensor, ctx)])
         self._hvd_should_sync = True
         self._hvd_hooks = []
-        if process_set.size() > 1:
+        if settings.process_set.size() > 1:
             self._hvd_hooks = [
                 p.register_post_accumulate_grad_hook(self._hvd_gradient_ready)
                 for p in params
                 if p.requires_grad
             ]
+
+    @property
+    def backward_passes_per_step(self) -> int:
+        """Backward passes accumulated locally before each all-reduce."""
+        return self._hvd_settings.backward_passes_per_step
+
+    @backward_passes_per_step.setter
+    def backward_passes_per_step(self, passes: int) -> None:
+        # A changed copy, checked again as at construction.
+        settings = dataclasses.replace(self._hvd_settings, backward_passes_per_step=passes)
+        self._hvd_settings = settings
 
     def _hvd_gradient_ready(self, param) -> None:
         group = self._hvd_group_of[param]
@@ -72,32 +68,31 @@ class _DistributedMixin:
 
     def _hvd_submit(self, group) -> None:
         self._hvd_ready.pop(group, None)
-        prescale, postscale = self._hvd_scale if self._hvd_op == core.Average else (1.0, 1.0)
-        args = dict(
-            op=self._hvd_op,
-            prescale_factor=prescale,
-            postscale_factor=postscale,
-            process_set=self._hvd_process_set,
-        )
+        settings = self._hvd_settings
         parts = []
         for param in group:
             if param.grad is None:  # no gradient on this rank: still take part, with zeros
                 param.grad = torch.zeros_like(param)
-            elif param.grad.is_sparse and self._hvd_sparse_as_dense:
+            elif param.grad.is_sparse and settings.sparse_as_dense:
                 param.grad = param.grad.to_dense()
             if param.grad.is_sparse:
                 handle = sparse_allreduce_async(
-                    param.grad, self._hvd_names[param], self._hvd_op, self._hvd_process_set
+                    param.grad,
+                    name=self._hvd_names[param],
+                    op=settings.op,
+                    process_set=settings.process_set,
                 )
                 self._hvd_pending[group] = (handle, [(param, None, None)])
                 return
-            wire, ctx = self._hvd_compression.compress(param.grad)
+            wire, ctx = settings.compression.compress(param.grad)
             parts.append((param, wire, ctx))
+        wires = [wire for _, wire, _ in parts]
         if len(group) == 1:
-            handle = allreduce_async_(parts[0][1], name=self._hvd_names[group[0]], **args)
+            name = self._hvd_names[group[0]]
+            handle = allreduce_async_(wires[0], name=name, **settings.reduce_kwargs)
         else:
             name = "group." + self._hvd_names[group[0]]
-            handle = grouped_allreduce_async_([wire for _, wire, _ in parts], name=name, **args)
+            handle = grouped_allreduce_async_(wires, name=name, **settings.reduce_kwargs)
         self._hvd_pending[group] = (handle, parts)
 
     def synchronize(self) -> None:
@@ -113,7 +108,7 @@ class _DistributedMixin:
                 if wire is None:  # a sparse gradient, gathered into a new tensor
                     param.grad = result
                 elif wire is not param.grad:
-                    param.grad.copy_(self._hvd_compression.decompress(wire, ctx))
+                    param.grad.copy_(self._hvd_settings.compression.decompress(wire, ctx))
         self._hvd_pending.clear()
         self._hvd_ready.clear()
         for param in self._hvd_counts:
@@ -143,15 +138,9 @@ class _DistributedMixin:
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change how many backward passes accumulate locally before the all-reduce."""
-        self.backward_passes_per_step = _positive_int(passes, "backward_passes_per_step")
+        self.backward_passes_per_step = passes
         for param in self._hvd_counts:
             self._hvd_counts[param] = 0
-
-
-def _positive_int(value, what: str) -> int:
-    if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{what} must be a positive int, got {value!r}")
-    return value
 
 
 def _parameter_names(params: list, named_parameters) -> dict:
@@ -179,18 +168,6 @@ def _parameter_names(params: list, named_parameters) -> dict:
     return {p: by_param[p] for p in params}
 
 
-def _parameter_groups(params: list, groups) -> list:
-    """Return tuples of parameters whose gradients are all-reduced together."""
-    if groups is None:
-        return [(p,) for p in params]
-    if isinstance(groups, int):
-        count = max(1, min(groups, len(params)))
-        return [tuple(params[i::count]) for i in range(count) if params[i::count]]
-    listed = [tuple(group) for group in groups]
-    seen = {p for group in listed for p in group}
-    return listed + [(p,) for p in params if p not in seen]
-
-
 def DistributedOptimizer(
     optimizer,
     named_parameters=None,
@@ -213,33 +190,28 @@ def DistributedOptimizer(
         named_parameters: model.named_parameters(), to name gradients in errors and matching.
         compression: Compression.none, .fp16 or .bf16 for the wire.
         backward_passes_per_step: backward passes accumulated locally per all-reduce.
-        op: Average (default), Sum or another reduce op.
+        op: Average (default) or Sum.
         gradient_predivide_factor: with Average, divide by this before the sum and the rest after.
         num_groups, groups: all-reduce gradients in groups (an int, or lists of parameters).
         sparse_as_dense: all-reduce sparse gradients as dense tensors.
         process_set: the ranks that train this model.
+
+    Raises:
+        ValueError, TypeError, NotImplementedError: a bad argument (see ReductionSettings), or
+            named_parameters that do not name the optimizer's parameters once each.
     """
-    op = core.ops.resolve_op(op, None)
-    if op == core.Adasum:
-        raise NotImplementedError("Adasum is not implemented in horovodlite: use op=Average")
-    if gradient_predivide_factor != 1.0 and op != core.Average:
-        raise ValueError("gradient_predivide_factor only applies to op=Average")
-    if num_groups and groups is not None:
-        raise ValueError("give num_groups or groups, not both")
-    if num_groups and not isinstance(num_groups, int):
-        raise ValueError(f"num_groups must be an int, got {num_groups!r}")
-    _positive_int(backward_passes_per_step, "backward_passes_per_step")
+    settings = ReductionSettings(
+        compression=compression,
+        backward_passes_per_step=backward_passes_per_step,
+        op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        num_groups=num_groups,
+        groups=groups,
+        sparse_as_dense=sparse_as_dense,
+        process_set=process_set,
+    )
     cls = type(optimizer.__class__.__name__, (_DistributedMixin, optimizer.__class__), {})
     distributed = cls.__new__(cls)
     distributed.__dict__.update(optimizer.__dict__)
-    distributed._hvd_setup(
-        named_parameters,
-        compression,
-        backward_passes_per_step,
-        op,
-        gradient_predivide_factor,
-        groups if groups is not None else (num_groups or None),
-        sparse_as_dense,
-        process_set,
-    )
+    distributed._hvd_setup(named_parameters=named_parameters, settings=settings)
     return distributed

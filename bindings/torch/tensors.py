@@ -28,7 +28,7 @@ class TensorView:
         detached = tensor.detach()
         self.staged = detached.is_cuda and (not _CUPY or detached.dtype == torch.bfloat16)
         if detached.is_cuda and not self.staged:
-            import cupy
+            import cupy  # optional: only CUDA tensors need it, and _CUPY says it is there
 
             self.array = cupy.asarray(detached)
         else:

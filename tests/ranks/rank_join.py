@@ -22,7 +22,8 @@ def test_sync_collectives_beside_a_joined_rank():
         # Rank 0 contributes zeros to every all-reduce, inline, short, general and ring sized.
         for shape, algorithm in [((3,), None), ((300,), None), ((2, 5), "ring"), ((70000,), None)]:
             x = rank_values(shape, np.float64, me, seed=3)
-            everyone = [np.zeros(shape)] + [rank_values(shape, np.float64, k, 3) for k in range(1, n)]
+            everyone = [rank_values(shape, np.float64, k, 3) if k else np.zeros(shape)
+                        for k in range(n)]  # fmt: skip
             out = hvd.allreduce(x, op=hvd.Sum, name=f"sum.{shape}", algorithm=algorithm)
             assert_reduced(out, reduce_expected(everyone, hvd.Sum))
             avg = hvd.allreduce(x, name=f"avg.{shape}")  # Average still divides by every rank

@@ -1,0 +1,94 @@
+"""GradientReducer and DistributedGradientTape: all-reduce a list of gradients before use.
+
+All dense gradients of one step go to the engine in one op, as one fused buffer per dtype.
+`tf.IndexedSlices` (embedding gradients) are all-gathered, as Horovod does, unless
+`sparse_as_dense=True` makes them dense first. horovodlite.keras uses GradientReducer on the
+tensorflow backend, so this module must not import horovodlite.keras.
+"""
+
+import tensorflow as tf
+from horovodlite.ops import ReduceOp
+from horovodlite.process_sets import global_process_set
+from horovodlite.training import ReductionSettings, reduce_gradients
+
+from .compression import Compression
+from .mpi_ops import grouped_allreduce
+
+__all__ = ["GradientReducer", "DistributedGradientTape"]
+
+
+class GradientReducer:
+    """All-reduce lists of gradients as `settings` say: None stays None, dense ones in one op."""
+
+    def __init__(self, settings: ReductionSettings):
+        self.settings = settings
+
+    def __call__(self, grads) -> list:
+        """Return `grads` all-reduced, in order."""
+        if self.settings.sparse_as_dense:
+            grads = [_dense(g) for g in grads]
+        return reduce_gradients(grads, self.settings, reduce=self._reduce, scale=_scaled)
+
+    def _reduce(self, tensors: list) -> list:
+        return grouped_allreduce(
+            tensors, compression=self.settings.compression, **self.settings.reduce_kwargs
+        )
+
+
+def _dense(grad):
+    return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
+
+
+def _scaled(grad, factor: float):
+    if isinstance(grad, tf.IndexedSlices):
+        values = grad.values * tf.cast(factor, grad.values.dtype)
+        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)
+
+
+def DistributedGradientTape(
+    gradtape,
+    device_dense="",
+    device_sparse="",
+    compression=Compression.none,
+    sparse_as_dense=False,
+    op=ReduceOp.AVERAGE,
+    gradient_predivide_factor=1.0,
+    num_groups=0,
+    groups=None,
+    process_set=global_process_set,
+    scale_local_gradients=True,
+):
+    """Return `gradtape` as a tape whose gradient() all-reduces the gradients it computes.
+
+    The result is an instance of a subclass of the tape's own class sharing its recording, so
+    it can wrap a tape after (or before) the `with` block.
+
+    Raises:
+        ValueError, TypeError, NotImplementedError: a bad argument (see ReductionSettings).
+    """
+    reducer = GradientReducer(
+        ReductionSettings(
+            compression=compression,
+            sparse_as_dense=sparse_as_dense,
+            op=op,
+            gradient_predivide_factor=gradient_predivide_factor,
+            num_groups=num_groups,
+            groups=groups,
+            process_set=process_set,
+        )
+    )
+    base = type(gradtape)
+
+    class _DistributedGradientTape(base):
+        def gradient(self, target, sources, output_gradients=None, **kwargs):
+            grads = super().gradient(target, sources, output_gradients, **kwargs)
+            flat = tf.nest.flatten(grads, expand_composites=False)
+            return tf.nest.pack_sequence_as(grads, self._horovodlite_reduce(flat))
+
+    _DistributedGradientTape.__name__ = base.__name__
+    _DistributedGradientTape.__qualname__ = base.__qualname__
+    tape = object.__new__(_DistributedGradientTape)
+    tape.__dict__.update(gradtape.__dict__)
+    tape._horovodlite_reduce = reducer
+    return tape
