@@ -28,7 +28,7 @@ from .checks import (
 )
 from .fusion import FusionEntry, allreduce_fields, fused_allreduce, fused_by_kind
 from .ops import ReduceOp, resolve_op
-from .plan import Plan, run_now, synchronous, waiter
+from .plan import Plan, run_now, signature_of, synchronous, waiter
 from .process_sets import communicator, global_process_set
 from .staging import deliver, flat_work, scale
 from .state import current
@@ -64,7 +64,25 @@ def allreduce_plan(
     average=None,
     inplace=False,
 ) -> Plan:
-    """Return the Plan of an all-reduce; see allreduce() for the arguments."""
+    """Return the reduction of `tensor` over all ranks of the process set.
+
+    Args:
+        tensor: a numpy array, a CuPy array, or any array with the buffer protocol,
+            `__cuda_array_interface__` or DLPack. Same shape and dtype on every rank.
+        op: Average (default), Sum, Min, Max or Product. Average of integers truncates.
+        name: a name for error messages (and, in async use, for matching across ranks).
+        prescale_factor: multiplies each rank's input before the reduction.
+        postscale_factor: multiplies the result (after Average's division).
+        process_set: the ranks taking part; default all.
+        algorithm: "ring", "naive", "mpi", or None to choose by message size
+            (HOROVODLITE_ALLREDUCE_ALGORITHM sets the default).
+        average: deprecated; True means op=Average, False op=Sum.
+        inplace: write the result into `tensor` and return it (what allreduce_() does).
+
+    Raises:
+        TypeError, ValueError: bad arguments on this rank (raised on every rank).
+        HorovodLiteError: the ranks' arguments disagree, or another rank's were bad.
+    """
     comm, ranks, array, xp, bad_input = prepare(tensor, process_set)
     settings = current().settings
 
@@ -112,66 +130,21 @@ def allreduce_plan(
     )
 
 
-def allreduce(
-    tensor,
-    *,
-    op=None,
-    name=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set=global_process_set,
-    algorithm=None,
-    average=None,
-    inplace=False,
-):
-    """Return the reduction of `tensor` over all ranks of the process set.
-
-    Args:
-        tensor: a numpy array, a CuPy array, or any array with the buffer protocol,
-            `__cuda_array_interface__` or DLPack. Same shape and dtype on every rank.
-        op: Average (default), Sum, Min, Max or Product. Average of integers truncates.
-        name: a name for error messages (and, in async use, for matching across ranks).
-        prescale_factor: multiplies each rank's input before the reduction.
-        postscale_factor: multiplies the result (after Average's division).
-        process_set: the ranks taking part; default all.
-        algorithm: "ring", "naive", "mpi", or None to choose by message size
-            (HOROVODLITE_ALLREDUCE_ALGORITHM sets the default).
-        average: deprecated; True means op=Average, False op=Sum.
-        inplace: write the result into `tensor` and return it (what allreduce_() does).
-
-    Raises:
-        TypeError, ValueError: bad arguments on this rank (raised on every rank).
-        HorovodLiteError: the ranks' arguments disagree, or another rank's were bad.
-    """
-    scaled = prescale_factor != 1.0 or postscale_factor != 1.0 or average is not None
-    out = small_allreduce.short_allreduce(
-        tensor,
-        op=op,
-        name=name,
-        scaled=scaled,
-        process_set=process_set,
-        algorithm=algorithm,
-        inplace=inplace,
-    )
-    if out is not None:
-        return out
-    plan = allreduce_plan(
-        tensor,
-        op=op,
-        name=name,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-        algorithm=algorithm,
-        average=average,
-        inplace=inplace,
-    )
-    return run_now(plan)
+def allreduce(tensor, **options):
+    # The short path first: a small host array needs no Plan (small_allreduce.py).
+    out = small_allreduce.short_allreduce(tensor, options)
+    return run_now(allreduce_plan(tensor, **options)) if out is None else out
 
 
 def allreduce_(tensor, **options):
-    """In-place allreduce(): write the result into `tensor` and return it (same options)."""
     return allreduce(tensor, inplace=True, **options)
+
+
+# Documented once, on the plan function; the blocking forms show its signature.
+allreduce.__doc__ = allreduce_plan.__doc__
+allreduce.__signature__ = signature_of(allreduce_plan, {})
+allreduce_.__doc__ = "In-place allreduce(): write the result into `tensor` and return it."
+allreduce_.__signature__ = signature_of(allreduce_plan, {"inplace": True})
 
 
 def grouped_allreduce(tensors, *, name=None, **options) -> list:

@@ -20,44 +20,26 @@ __all__ = [
 ]
 
 
-def mpi_built() -> bool:
-    """Return True: horovodlite always runs on MPI."""
-    return True
+def _fact(name: str, value, why: str):
+    """Return Horovod's query `name`, which always answers `value` here (`why` says why)."""
+
+    def query():
+        return value
+
+    query.__name__ = query.__qualname__ = name
+    query.__doc__ = f"Return {value!r}: {why}."
+    return query
 
 
-def mpi_enabled() -> bool:
-    """Return True: MPI is the only controller."""
-    return True
-
-
-def gloo_built() -> bool:
-    """Return False: horovodlite has no Gloo backend."""
-    return False
-
-
-def gloo_enabled() -> bool:
-    """Return False: horovodlite has no Gloo backend."""
-    return False
-
-
-def nccl_built() -> int:
-    """Return 0: horovodlite has no NCCL backend (Horovod returns the NCCL version or 0)."""
-    return 0
-
-
-def ccl_built() -> bool:
-    """Return False: horovodlite has no oneCCL backend."""
-    return False
-
-
-def ddl_built() -> bool:
-    """Return False: horovodlite has no IBM DDL backend."""
-    return False
-
-
-def rocm_built() -> bool:
-    """Return False: GPU support is CUDA through CuPy."""
-    return False
+# Horovod's backends that horovodlite has, or not: fixed answers.
+mpi_built = _fact("mpi_built", True, "horovodlite always runs on MPI")
+mpi_enabled = _fact("mpi_enabled", True, "MPI is the only controller")
+gloo_built = _fact("gloo_built", False, "horovodlite has no Gloo backend")
+gloo_enabled = _fact("gloo_enabled", False, "horovodlite has no Gloo backend")
+nccl_built = _fact("nccl_built", 0, "no NCCL backend (Horovod returns the NCCL version or 0)")
+ccl_built = _fact("ccl_built", False, "horovodlite has no oneCCL backend")
+ddl_built = _fact("ddl_built", False, "horovodlite has no IBM DDL backend")
+rocm_built = _fact("rocm_built", False, "GPU support is CUDA through CuPy")
 
 
 def cuda_built() -> bool:

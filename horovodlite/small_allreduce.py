@@ -106,20 +106,34 @@ def _short_route(tensor, op, name, requested, state):
     return digest(fields), mpi_type, inline, waiter(state, fields, range(size))
 
 
-def short_allreduce(tensor, *, op, name, scaled: bool, process_set, algorithm, inplace: bool):
+# allreduce()'s options; an unknown one goes the general way, which raises the TypeError.
+_OPTIONS = frozenset(
+    {"op", "name", "prescale_factor", "postscale_factor", "process_set", "algorithm", "average"}
+    | {"inplace"}
+)
+
+
+def short_allreduce(tensor, options: dict):
     """All-reduce a small contiguous numpy array on all ranks; return None to go the general way.
 
-    `scaled` is whether a prescale/postscale factor other than 1 or `average=` was given.
+    `options` are allreduce()'s keyword arguments. Scaling, `average=`, a process set or any
+    argument error go the general way, which checks and reports them.
     """
+    get = options.get
+    inplace = get("inplace", False)
     if (
         type(tensor) is not np.ndarray
-        or scaled
-        or process_set is not global_process_set
         or tensor.nbytes > algorithms.SMALL_MESSAGE_BYTES
         or not tensor.flags.c_contiguous
         or (inplace and not tensor.flags.writeable)
+        or get("process_set", global_process_set) is not global_process_set
+        or get("prescale_factor", 1.0) != 1.0
+        or get("postscale_factor", 1.0) != 1.0
+        or get("average") is not None
+        or not _OPTIONS.issuperset(options)
     ):
         return None
+    op, name, algorithm = get("op"), get("name"), get("algorithm")
     state = current()
     requested = state.settings.allreduce_algorithm if algorithm is None else algorithm
     if requested not in (None, "mpi"):

@@ -4,7 +4,7 @@ All mutable global state lives in one `State` object; every getter goes through 
 single "not initialized" guard. `init()` and `shutdown()` (lifecycle.py) create and close it.
 """
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from mpi4py import MPI
 
@@ -154,39 +154,42 @@ def is_initialized() -> bool:
     return _state is not None
 
 
-def size() -> int:
-    """Return the number of ranks."""
-    return current().comm.size
+def _reader(name: str, read: Callable[[State], Any], doc: str) -> Callable[[], Any]:
+    """Return the getter `name`: `read` applied to the current state (raises before init)."""
+
+    def getter():
+        return read(current())
+
+    getter.__name__ = getter.__qualname__ = name
+    getter.__doc__ = doc
+    return getter
 
 
-def rank() -> int:
-    """Return this process's rank."""
-    return current().comm.rank
-
-
-def local_size() -> int:
-    """Return the number of ranks on this host."""
-    return current().local_comm.size
-
-
-def local_rank() -> int:
-    """Return this process's rank among the ranks on its host."""
-    return current().local_comm.rank
-
-
-def cross_size() -> int:
-    """Return the number of hosts that have a rank with this process's local rank."""
-    return current().cross_comm.size
-
-
-def cross_rank() -> int:
-    """Return this process's rank among the ranks with the same local rank."""
-    return current().cross_comm.rank
-
-
-def is_homogeneous() -> bool:
-    """Return whether every host runs the same number of ranks."""
-    return current().homogeneous
+size = _reader("size", lambda s: s.comm.size, "Return the number of ranks.")
+rank = _reader("rank", lambda s: s.comm.rank, "Return this process's rank.")
+local_size = _reader(
+    "local_size", lambda s: s.local_comm.size, "Return the number of ranks on this host."
+)
+local_rank = _reader(
+    "local_rank",
+    lambda s: s.local_comm.rank,
+    "Return this process's rank among the ranks on its host.",
+)
+cross_size = _reader(
+    "cross_size",
+    lambda s: s.cross_comm.size,
+    "Return the number of hosts that have a rank with this process's local rank.",
+)
+cross_rank = _reader(
+    "cross_rank",
+    lambda s: s.cross_comm.rank,
+    "Return this process's rank among the ranks with the same local rank.",
+)
+is_homogeneous = _reader(
+    "is_homogeneous",
+    lambda s: s.homogeneous,
+    "Return whether every host runs the same number of ranks.",
+)
 
 
 def mpi_threads_supported() -> bool:

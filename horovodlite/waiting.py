@@ -30,7 +30,14 @@ from mpi4py import MPI
 
 from .exceptions import HorovodLiteError
 
-__all__ = ["Watch", "LEFT_SHUTDOWN", "LEFT_EXIT", "default_wait", "teardown_later"]
+__all__ = [
+    "Watch",
+    "LEFT_SHUTDOWN",
+    "LEFT_EXIT",
+    "close_notes",
+    "default_wait",
+    "teardown_later",
+]
 
 _log = logging.getLogger("horovodlite")
 
@@ -93,15 +100,9 @@ class Watch:
     def close(self) -> None:
         """Stop listening; let the notices this rank sent go out first (at most 1 s)."""
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            deadline = time.monotonic() + 1.0
-            while self._sends and time.monotonic() < deadline:
-                self._sends = [r for r in self._sends if not r.Test()]
-                time.sleep(1e-3)
-            self._receive.Cancel()
-            self._receive.Wait()
+            if not self._closed:
+                self._closed = True
+                close_notes(self._sends, self._receive)
 
     # -- waiting ------------------------------------------------------------------------------
 
@@ -185,6 +186,16 @@ class Watch:
             f"{what} cannot complete: {reasons} while rank {self.comm.rank} waited for it "
             "(every rank must call the same collectives before it shuts down or exits)"
         )
+
+
+def close_notes(sends: list, receive: MPI.Request, seconds: float = 1.0) -> None:
+    """Let the notes in `sends` go out (for at most `seconds`), then cancel `receive`."""
+    deadline = time.monotonic() + seconds
+    while sends and time.monotonic() < deadline:
+        sends = [r for r in sends if not r.Test()]
+        time.sleep(1e-3)
+    receive.Cancel()
+    receive.Wait()
 
 
 def _ranks(ranks: list) -> str:

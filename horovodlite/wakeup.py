@@ -18,6 +18,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from .waiting import close_notes
+
 __all__ = ["Wakeup"]
 
 _TAG = 91
@@ -84,9 +86,4 @@ class Wakeup:
 
     def close(self) -> None:
         """Stop listening for notes; let this rank's notes go out first (at most 1 s)."""
-        deadline = time.monotonic() + 1.0
-        while self._sends and time.monotonic() < deadline:
-            self._sends = [r for r in self._sends if not r.Test()]
-            time.sleep(1e-3)
-        self._receive.Cancel()
-        self._receive.Wait()
+        close_notes(self._sends, self._receive)
