@@ -59,8 +59,8 @@ class _Request:
 class Handle:
     """The pending result of an asynchronous collective: poll() it, then synchronize() it."""
 
-    def __init__(self, requests: list, grouped: bool):
-        self._requests, self._grouped = requests, grouped
+    def __init__(self, requests: list, grouped: bool, flush):
+        self._requests, self._grouped, self._flush = requests, grouped, flush
 
     def done(self) -> bool:
         """Return whether the result is ready (synchronize() will not block)."""
@@ -68,6 +68,8 @@ class Handle:
 
     def wait(self):
         """Block until done; return the result or raise the collective's error."""
+        if not self.done():
+            self._flush()  # the engine need not wait for more work before its next cycle
         for request in self._requests:
             request.event.wait()
         for request in self._requests:
@@ -150,7 +152,7 @@ class Engine:
             self._in_flight.update(r.key for r in requests)
             self._incoming.extend(requests)
         self._wakeup.set()
-        return Handle(requests, grouped)
+        return Handle(requests, grouped, self._wakeup.flush)
 
     def begin_join(self) -> None:
         """Contribute zeros to other ranks' async all-reduces until every rank has joined."""
@@ -159,7 +161,7 @@ class Engine:
                 raise self._stopped
             self._joined, self._join_result = True, None
             self._join_done.clear()
-        self._wakeup.set()
+        self._wakeup.flush()
 
     def end_join(self) -> int:
         """Wait until every rank's engine has joined; return the last rank to join there."""
@@ -184,7 +186,7 @@ class Engine:
         """Stop the engine on every rank; pending requests fail. Safe to call twice."""
         with self._lock:
             self._stop_requested = True
-        self._wakeup.set()
+        self._wakeup.flush()
         self._thread.join(timeout=30)
         self.stop_timeline()
 
@@ -193,11 +195,13 @@ class Engine:
     def _run(self) -> None:
         try:
             self._wakeup.sleep()  # the engines start asleep, together
+            last_cycle = time.monotonic()
             while self._stopped is None:
-                start = time.monotonic()
-                if self._cycle():
-                    self._wakeup.pause(self.cycle_time - (time.monotonic() - start))
-                elif self._stopped is None:  # no rank had work: every engine sleeps now
+                # Gather what this rank submits within one cycle time, unless waited for.
+                self._wakeup.pause(self.cycle_time - (time.monotonic() - last_cycle))
+                last_cycle = time.monotonic()
+                if not self._cycle() and self._stopped is None:
+                    # No rank had work: every engine sleeps now, until one has.
                     self._wakeup.agreed_to_sleep()
                     self._wakeup.sleep()
         except Exception as exc:  # a bug or an MPI failure: fail loudly, never hang users

@@ -10,6 +10,11 @@ that arrives after its sleep has ended is ignored instead of ending the next one
 
 A sleeping engine tests for notes with a back-off up to 2 ms (20 ms after a second of sleep), so
 an idle job costs a fraction of a percent of a core per rank.
+
+An awake engine cycles once per cycle time, so that requests submitted meanwhile (a backward
+pass's gradients) are negotiated and fused together rather than one cycle each. A submission
+does not shorten that pause; somebody waiting for a result (synchronize(), join(), shutdown())
+does (`flush`): nothing else is coming from that thread.
 """
 
 import threading
@@ -37,27 +42,34 @@ class Wakeup:
 
     def __init__(self, comm: MPI.Comm):
         self._comm = comm
-        self._event = threading.Event()
+        self._work = threading.Event()  # this rank has something for the engine
+        self._flush = threading.Event()  # and somebody waits for it
         self._note = np.zeros(1, dtype=np.int64)
         self._receive = comm.Irecv(self._note, MPI.ANY_SOURCE, _TAG)
         self._sends: list = []
         self.sleeps = 0  # sleeps so far; the engines start asleep, in sleep 0
 
     def set(self) -> None:
-        """Wake this rank's engine (work was submitted, or join or shutdown called)."""
-        self._event.set()
+        """Wake this rank's engine if it sleeps: work was submitted."""
+        self._work.set()
+
+    def flush(self) -> None:
+        """Wake this rank's engine and end its pause: somebody waits for a result."""
+        self._flush.set()
+        self._work.set()
 
     def pause(self, seconds: float) -> None:
-        """Wait between two busy cycles: `seconds`, or less if this rank gets new work."""
-        self._event.wait(seconds)
-        self._event.clear()
+        """Wait between two busy cycles: `seconds`, or less if somebody waits for a result."""
+        if seconds > 0:
+            self._flush.wait(seconds)
+        self._flush.clear()
 
     def sleep(self) -> None:
         """Sleep until this rank has work (then wake the others) or another rank wakes us."""
         poll, start = _FIRST_POLL, time.monotonic()
         while True:
-            if self._event.wait(poll):
-                self._event.clear()
+            if self._work.wait(poll):
+                self._work.clear()
                 self._wake_others()
                 break
             if self._woken_by_another():

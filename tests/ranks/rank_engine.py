@@ -6,6 +6,7 @@ so no MPI call is trusted as the oracle here.
 """
 
 import threading
+import time
 
 import ml_dtypes
 import numpy as np
@@ -512,3 +513,26 @@ def test_sync_calls_interleave_with_async_ones():
     for step, i, handle in handles:
         inputs = [rank_values((i + 1, 3), np.float64, k, 200 + 4 * step + i) for k in range(n)]
         assert_reduced(hvd.synchronize(handle), reduce_expected(inputs, hvd.Sum))
+
+
+# ---------------------------------------------------------------------------------------------
+# The idle engine.
+
+
+def test_the_idle_engine_runs_no_cycle():
+    # A fresh engine starts asleep: no cycle at all while nobody submits.
+    hvd.shutdown()
+    hvd.init()
+    time.sleep(1.0)
+    assert engine().cycles == 0
+    # After work, the cycle that finds every rank idle puts every engine to sleep.
+    hvd.synchronize(hvd.allreduce_async(np.ones(2), name="idle.work"))
+    time.sleep(0.2)
+    before = engine().cycles
+    assert before > 0
+    time.sleep(1.0)
+    assert engine().cycles == before
+    # And a submission wakes them all again.
+    out = hvd.synchronize(hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="idle.again"))
+    np.testing.assert_array_equal(out, np.full(2, float(hvd.size())))
+    still_in_step()
