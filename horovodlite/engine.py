@@ -36,6 +36,7 @@ __all__ = ["Engine", "Handle"]
 _log = logging.getLogger("horovodlite")
 
 _CACHE_LIMIT = 4096  # entries; past it the cache is cleared (on every rank at once)
+_MEETING_CHECK = 1.0  # seconds pending before a request is checked against synchronous waiters
 
 # Positions of the flags that follow the per-request bytes and the per-rank bytes.
 _ALL_CACHED, _NOT_ABORTING, _IDLE = range(3)
@@ -225,6 +226,7 @@ class Engine:
         for request in incoming:
             self._pending[request.key] = request
         size, me, now = self.comm.size, self.comm.rank, time.monotonic()
+        self._fail_sync_meetings(now)
         self.cycles += 1
 
         count = len(self._cache_keys)
@@ -282,6 +284,25 @@ class Engine:
         self._run_ready(ready, errors, joined_ranks)
         self._update_join(joined_ranks)
         return not flags[_IDLE]
+
+    def _fail_sync_meetings(self, now: float) -> None:
+        """Fail requests that other ranks wait for in a synchronous call: they never meet."""
+        for key, request in list(self._pending.items()):
+            if now - request.submitted < _MEETING_CHECK:
+                continue
+            waiters = self.state.watch.waiting_in(request.fingerprint)
+            if waiters:
+                del self._pending[key]
+                self.state.watch.report_mismatch(request.fingerprint, waiters)
+                who = ", ".join(map(str, sorted(waiters)))
+                self._finish(
+                    request,
+                    error=MismatchError(
+                        f"{describe(request.plan.fields)}: rank {self.comm.rank} submitted it "
+                        f"asynchronously while rank{'s' if len(waiters) > 1 else ''} {who} "
+                        "called it synchronously: every rank must call a collective the same way"
+                    ),
+                )
 
     def _abort_message(self, timed_out: bool) -> str:
         """Explain why the engines stop: a request pending too long, somewhere."""

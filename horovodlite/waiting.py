@@ -9,9 +9,12 @@ ranks post on a private control communicator:
 - LEFT: a rank shut horovodlite down or is exiting. A wait whose collective needs that rank
   raises HorovodLiteError naming it (after a short grace, in case the collective still
   completes), since it would otherwise wait forever.
-- WAITING: a rank has waited over a second in a collective (identified by the digest of its
-  fields). The ranks of a collective that sent none are the ones that did not arrive: stall
-  warnings and the timeout name them.
+- WAITING: a rank has waited over a second in a synchronous collective (identified by the
+  digest of its fields; DONE when that wait ends). The ranks of a collective that sent none are
+  the ones that did not arrive: stall warnings and the timeout name them. An engine that holds
+  an asynchronous request with the same digest learns that ranks wait for it synchronously,
+  which can never match: it fails its request and answers MISMATCH, and the waiting ranks raise
+  MismatchError (engine.py).
 
 After `Settings.collective_timeout` seconds a wait raises HorovodLiteError naming the collective
 and the missing ranks, and the job is torn down (MPI_Abort) a few seconds later, so no rank
@@ -28,7 +31,7 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-from .exceptions import HorovodLiteError
+from .exceptions import HorovodLiteError, MismatchError
 
 __all__ = [
     "Watch",
@@ -42,7 +45,7 @@ __all__ = [
 _log = logging.getLogger("horovodlite")
 
 _TAG = 77
-_LEFT, _WAITING = 1, 2
+_LEFT, _WAITING, _DONE, _MISMATCH = 1, 2, 3, 4
 LEFT_SHUTDOWN, LEFT_EXIT = 1, 2  # why a rank left
 _REASONS = {LEFT_SHUTDOWN: "called hvd.shutdown()", LEFT_EXIT: "exited"}
 
@@ -69,7 +72,8 @@ class Watch:
         self._receive = comm.Irecv(self._incoming, MPI.ANY_SOURCE, _TAG)
         self._sends: list = []
         self.left: dict = {}  # rank -> reason code
-        self._waiting: dict = {}  # digest -> ranks that reported waiting in it
+        self._waiting: dict = {}  # digest -> ranks that report waiting in it now
+        self._mismatched: dict = {}  # digest -> ranks that hold it as an async request
         self._closed = False
 
     # -- notices ------------------------------------------------------------------------------
@@ -83,6 +87,10 @@ class Watch:
                     self.left[sender] = detail
                 elif kind == _WAITING:
                     self._waiting.setdefault(detail, set()).add(sender)
+                elif kind == _DONE:
+                    self._waiting.get(detail, set()).discard(sender)
+                elif kind == _MISMATCH:
+                    self._mismatched.setdefault(detail, set()).add(sender)
                 self._receive = self.comm.Irecv(self._incoming, MPI.ANY_SOURCE, _TAG)
 
     def _notify(self, kind: int, detail: int, ranks: Sequence[int]) -> None:
@@ -92,6 +100,16 @@ class Watch:
             self._sends = [r for r in self._sends if not r.Test()]
             # One small eager message per rank: it completes without its receiver's help.
             self._sends += [self.comm.Isend(message.copy(), r, _TAG) for r in ranks if r != me]
+
+    def waiting_in(self, identity: int) -> set:
+        """Return the ranks that wait now in the synchronous collective `identity`."""
+        self.poll()
+        with self._lock:
+            return set(self._waiting.get(identity, ()))
+
+    def report_mismatch(self, identity: int, ranks) -> None:
+        """Tell `ranks`, waiting synchronously in `identity`, that this rank holds it async."""
+        self._notify(_MISMATCH, identity, ranks)
 
     def announce_departure(self, reason: int) -> None:
         """Tell every rank that this one is leaving (shutdown or exit)."""
@@ -140,37 +158,53 @@ class Watch:
         # Long waits only from here on: the cost of the lines below no longer matters.
         delay, noticed, warned, departure_seen = _FIRST_SLEEP, False, False, None
         what, identity = about()
-        while (done := test()) is None:
-            time.sleep(delay)
-            delay = min(2 * delay, _MAX_SLEEP)
-            waited = time.perf_counter() - start
-            self.poll()
-            gone = [r for r in members if r in self.left]
-            if gone:
-                departure_seen = departure_seen or time.perf_counter()
-                if time.perf_counter() - departure_seen > _DEPARTURE_GRACE:
-                    raise HorovodLiteError(self._departure_message(what, gone))
-            if not noticed and waited > min(_NOTICE_AFTER, self.timeout / 4):
-                noticed = True
-                self._notify(_WAITING, identity, members)
-            if not warned and waited > self.stall_check:
-                warned = True
-                _log.warning(
-                    "horovodlite stall: rank %d has waited %.0f s in %s; %s",
-                    self.comm.rank,
-                    waited,
-                    what,
-                    self._missing_text(identity, members),
-                )
-            if waited > self.timeout:
-                message = (
-                    f"{what} timed out after {self.timeout:g} s "
-                    f"(HOROVODLITE_COLLECTIVE_TIMEOUT): {self._missing_text(identity, members)}; "
-                    "the job is torn down"
-                )
-                teardown_later(message)
-                raise HorovodLiteError(message)
+        try:
+            while (done := test()) is None:
+                time.sleep(delay)
+                delay = min(2 * delay, _MAX_SLEEP)
+                waited = time.perf_counter() - start
+                self.poll()
+                self._check_mismatch(what, identity)
+                gone = [r for r in members if r in self.left]
+                if gone:
+                    departure_seen = departure_seen or time.perf_counter()
+                    if time.perf_counter() - departure_seen > _DEPARTURE_GRACE:
+                        raise HorovodLiteError(self._departure_message(what, gone))
+                if not noticed and waited > min(_NOTICE_AFTER, self.timeout / 4):
+                    noticed = True
+                    self._notify(_WAITING, identity, members)
+                if not warned and waited > self.stall_check:
+                    warned = True
+                    _log.warning(
+                        "horovodlite stall: rank %d has waited %.0f s in %s; %s",
+                        self.comm.rank,
+                        waited,
+                        what,
+                        self._missing_text(identity, members),
+                    )
+                if waited > self.timeout:
+                    message = (
+                        f"{what} timed out after {self.timeout:g} s (HOROVODLITE_COLLECTIVE_"
+                        f"TIMEOUT): {self._missing_text(identity, members)}; the job is torn down"
+                    )
+                    teardown_later(message)
+                    raise HorovodLiteError(message)
+        finally:
+            if noticed:
+                self._notify(_DONE, identity, members)
         return done
+
+    def _check_mismatch(self, what: str, identity: int) -> None:
+        with self._lock:
+            holders = self._mismatched.pop(identity, None)
+        if holders:
+            message = (
+                f"{what}: {_ranks(sorted(holders))} submitted it asynchronously (an *_async call) "
+                f"while rank {self.comm.rank} called it synchronously: every rank must call a "
+                "collective the same way; the job is torn down"
+            )
+            teardown_later(message)  # this rank's check is still posted: the job cannot go on
+            raise MismatchError(message)
 
     def _missing_text(self, identity: int, members: Sequence[int]) -> str:
         self.poll()

@@ -56,3 +56,12 @@ def test_the_collective_timeout_names_the_missing_rank_and_tears_down(where):
         assert "HOROVODLITE_COLLECTIVE_TIMEOUT" in found.group(2)
     assert "was not torn down" not in result.stdout
     assert time.monotonic() - start < 40, "the job outlived the timeout by far"
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_a_sync_and_an_async_call_under_one_name_raise_everywhere(np):
+    result = job(np, "sync_meets_async.py")
+    out = result.stdout
+    assert result.returncode != 0, out
+    _check_survivors(out, [0], "submitted it asynchronously .* called it synchronously")
+    _check_survivors(out, range(1, np), "asynchronously while rank 0 called it synchronously")
