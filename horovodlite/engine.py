@@ -102,7 +102,7 @@ class Engine:
         self.segment_bytes = settings.ring_segment_bytes
         self.timeline = None
         self._lock = threading.Lock()
-        self._wakeup = Wakeup(self.comm)
+        self._wakeup = Wakeup(self.comm, state.generation)
         self._incoming: list = []
         self._in_flight: set = set()
         self._pending: dict = {}  # key -> _Request waiting for agreement

@@ -21,6 +21,7 @@ __all__ = ["init", "shutdown"]
 
 _lock = threading.Lock()
 _atexit_registered = False
+_inits = 0  # init() calls so far: every rank counts the same
 
 
 def init(comm=None, process_sets=None) -> None:
@@ -34,12 +35,13 @@ def init(comm=None, process_sets=None) -> None:
         ValueError: a HOROVODLITE_* setting is bad (before any communicator is made), or `comm`
             lists ranks that do not exist or exclude this one.
     """
-    global _atexit_registered
+    global _atexit_registered, _inits
     with _lock:
         if _state.is_initialized():
             return
         settings = Settings.from_environment()
-        state = _state.State(_user_communicator(comm), settings)
+        _inits += 1
+        state = _state.State(_user_communicator(comm), settings, _inits)
         state.engine = Engine(state)
         _state.activate(state)
         if not _atexit_registered:

@@ -101,20 +101,23 @@ class State:
 
     `comm` is a private duplicate of the user's communicator, so the library's messages can
     never match the user's own. `local_comm` groups the ranks of one host, `cross_comm` the
-    ranks with the same local rank across hosts. `watch` does every wait on other ranks and
+    ranks with the same local rank across hosts. `generation` counts the init() calls of this
+    process (the same on every rank). `watch` does every wait on other ranks and
     reads their notices on a communicator of its own (waiting.py). `engine` is the engine thread
     that init() starts once this state exists (lifecycle.py).
     """
 
-    def __init__(self, user_comm: MPI.Comm, settings: Settings):
-        self.settings = settings
+    def __init__(self, user_comm: MPI.Comm, settings: Settings, generation: int = 0):
+        self.settings, self.generation = settings, generation
         self.comm = user_comm.Dup()
         self.local_comm = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.comm.rank)
         self.cross_comm = self.comm.Split(color=self.local_comm.rank, key=self.comm.rank)
         local_sizes = self.comm.allgather(self.local_comm.size)
         self.homogeneous = len(set(local_sizes)) == 1
         self.process_sets = ProcessSetRegistry(self.comm)
-        self.watch = Watch(self.comm.Dup(), settings.collective_timeout, settings.stall_check)
+        self.watch = Watch(
+            self.comm.Dup(), settings.collective_timeout, settings.stall_check, generation
+        )
         self.engine: Any = None
 
     def close(self) -> None:

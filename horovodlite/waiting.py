@@ -63,12 +63,16 @@ class Watch:
         comm: a private duplicate of the job's communicator, for notices only.
         timeout: seconds after which a wait fails (Settings.collective_timeout).
         stall_check: seconds after which a wait logs who is missing, once.
+        generation: the number of this init() in the process, the same on every rank.
     """
 
-    def __init__(self, comm: MPI.Comm, timeout: float, stall_check: float):
+    def __init__(self, comm: MPI.Comm, timeout: float, stall_check: float, generation: int):
         self.comm, self.timeout, self.stall_check = comm, timeout, stall_check
+        # MPI may reuse a freed communicator's context for a new one, so a notice sent before a
+        # shutdown() could reach the next init()'s Watch: notices carry the init's number.
+        self.generation = generation
         self._lock = threading.Lock()
-        self._incoming = np.zeros(3, dtype=np.int64)  # kind, sender, detail
+        self._incoming = np.zeros(4, dtype=np.int64)  # kind, sender, detail, generation
         self._receive = comm.Irecv(self._incoming, MPI.ANY_SOURCE, _TAG)
         self._sends: list = []
         self.left: dict = {}  # rank -> reason code
@@ -82,8 +86,10 @@ class Watch:
         """Read every notice that has arrived."""
         with self._lock:
             while not self._closed and self._receive.Test():
-                kind, sender, detail = (int(v) for v in self._incoming)
-                if kind == _LEFT:
+                kind, sender, detail, generation = (int(v) for v in self._incoming)
+                if generation != self.generation:
+                    pass  # from an earlier init() of this job
+                elif kind == _LEFT:
                     self.left[sender] = detail
                 elif kind == _WAITING:
                     self._waiting.setdefault(detail, set()).add(sender)
@@ -95,7 +101,7 @@ class Watch:
 
     def _notify(self, kind: int, detail: int, ranks: Sequence[int]) -> None:
         me = self.comm.rank
-        message = np.array([kind, me, detail], dtype=np.int64)
+        message = np.array([kind, me, detail, self.generation], dtype=np.int64)
         with self._lock:
             self._sends = [r for r in self._sends if not r.Test()]
             # One small eager message per rank: it completes without its receiver's help.

@@ -38,13 +38,15 @@ class Wakeup:
     Args:
         comm: the engines' communicator (notes are point-to-point messages with their own tag,
             so they never match the negotiation's collectives).
+        generation: the number of this init() in the process, the same on every rank.
     """
 
-    def __init__(self, comm: MPI.Comm):
+    def __init__(self, comm: MPI.Comm, generation: int):
         self._comm = comm
+        self._generation = generation  # notes of an earlier init() may reach us: see waiting.py
         self._work = threading.Event()  # this rank has something for the engine
         self._flush = threading.Event()  # and somebody waits for it
-        self._note = np.zeros(1, dtype=np.int64)
+        self._note = np.zeros(2, dtype=np.int64)  # the sleep it ends, the init's number
         self._receive = comm.Irecv(self._note, MPI.ANY_SOURCE, _TAG)
         self._sends: list = []
         self.sleeps = 0  # sleeps so far; the engines start asleep, in sleep 0
@@ -84,12 +86,14 @@ class Wakeup:
     def _woken_by_another(self) -> bool:
         woken = False
         while self._receive.Test():
-            woken = woken or int(self._note[0]) == self.sleeps  # older notes ended older sleeps
+            # Older notes ended older sleeps, or came from an earlier init().
+            current = (int(self._note[0]), int(self._note[1])) == (self.sleeps, self._generation)
+            woken = woken or current
             self._receive = self._comm.Irecv(self._note, MPI.ANY_SOURCE, _TAG)
         return woken
 
     def _wake_others(self) -> None:
-        note = np.array([self.sleeps], dtype=np.int64)
+        note = np.array([self.sleeps, self._generation], dtype=np.int64)
         me = self._comm.rank
         self._sends = [r for r in self._sends if not r.Test()]
         self._sends += [
