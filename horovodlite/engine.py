@@ -39,7 +39,7 @@ _CACHE_LIMIT = 4096  # entries; past it the cache is cleared (on every rank at o
 _MEETING_CHECK = 1.0  # seconds pending before a request is checked against synchronous waiters
 
 # Positions of the flags that follow the per-request bytes and the per-rank bytes.
-_ALL_CACHED, _NOT_ABORTING, _IDLE = range(3)
+_ALL_CACHED, _NOT_STALLED, _NOT_TIMED_OUT, _IDLE = range(4)
 
 
 class _Request:
@@ -247,11 +247,12 @@ class Engine:
         if now - oldest > check_after and now - self._last_stall_report > check_after:
             all_cached = False  # a full exchange tells who is missing
         timed_out = now - oldest > self.timeout
-        aborting = timed_out or (self.stall_shutdown > 0 and now - oldest > self.stall_shutdown)
+        stalled = self.stall_shutdown > 0 and now - oldest > self.stall_shutdown
         # Per rank: 0 where it has joined, 2 where it is shutting down, else 1.
         per_rank = np.full(size, 1, dtype=np.uint8)
         per_rank[me] = 0 if joined else 1
-        flags = np.array([all_cached, not aborting, not (self._pending or joined)], dtype=np.uint8)
+        idle = not (self._pending or joined)
+        flags = np.array([all_cached, not stalled, not timed_out, idle], dtype=np.uint8)
         vector = np.concatenate([mine, 2 - mine, per_rank, 2 - per_rank, flags])
         if stopping:
             vector[2 * count + size + me] = 0  # 2 - 2
@@ -263,8 +264,8 @@ class Engine:
         if self.timeline is not None and not flags[_IDLE]:
             self.timeline.cycle()
 
-        if not flags[_NOT_ABORTING]:
-            self._stop_all(HorovodLiteError(self._abort_message(timed_out)))
+        if not (flags[_NOT_STALLED] and flags[_NOT_TIMED_OUT]):  # the same on every rank
+            self._stop_all(HorovodLiteError(self._abort_message(not flags[_NOT_TIMED_OUT])))
             return False
         if stopping_ranks:
             who = ", ".join(map(str, stopping_ranks))

@@ -164,40 +164,38 @@ class Watch:
         # Long waits only from here on: the cost of the lines below no longer matters.
         delay, noticed, warned, departure_seen = _FIRST_SLEEP, False, False, None
         what, identity = about()
-        try:
-            while (done := test()) is None:
-                time.sleep(delay)
-                delay = min(2 * delay, _MAX_SLEEP)
-                waited = time.perf_counter() - start
-                self.poll()
-                self._check_mismatch(what, identity)
-                gone = [r for r in members if r in self.left]
-                if gone:
-                    departure_seen = departure_seen or time.perf_counter()
-                    if time.perf_counter() - departure_seen > _DEPARTURE_GRACE:
-                        raise HorovodLiteError(self._departure_message(what, gone))
-                if not noticed and waited > min(_NOTICE_AFTER, self.timeout / 4):
-                    noticed = True
-                    self._notify(_WAITING, identity, members)
-                if not warned and waited > self.stall_check:
-                    warned = True
-                    _log.warning(
-                        "horovodlite stall: rank %d has waited %.0f s in %s; %s",
-                        self.comm.rank,
-                        waited,
-                        what,
-                        self._missing_text(identity, members),
-                    )
-                if waited > self.timeout:
-                    message = (
-                        f"{what} timed out after {self.timeout:g} s (HOROVODLITE_COLLECTIVE_"
-                        f"TIMEOUT): {self._missing_text(identity, members)}; the job is torn down"
-                    )
-                    teardown_later(message)
-                    raise HorovodLiteError(message)
-        finally:
-            if noticed:
-                self._notify(_DONE, identity, members)
+        while (done := test()) is None:
+            time.sleep(delay)
+            delay = min(2 * delay, _MAX_SLEEP)
+            waited = time.perf_counter() - start
+            self.poll()
+            self._check_mismatch(what, identity)
+            gone = [r for r in members if r in self.left]
+            if gone:
+                departure_seen = departure_seen or time.perf_counter()
+                if time.perf_counter() - departure_seen > _DEPARTURE_GRACE:
+                    raise HorovodLiteError(self._departure_message(what, gone))
+            if not noticed and waited > min(_NOTICE_AFTER, self.timeout / 4):
+                noticed = True
+                self._notify(_WAITING, identity, members)
+            if not warned and waited > self.stall_check:
+                warned = True
+                _log.warning(
+                    "horovodlite stall: rank %d has waited %.0f s in %s; %s",
+                    self.comm.rank,
+                    waited,
+                    what,
+                    self._missing_text(identity, members),
+                )
+            if waited > self.timeout:
+                message = (
+                    f"{what} timed out after {self.timeout:g} s (HOROVODLITE_COLLECTIVE_"
+                    f"TIMEOUT): {self._missing_text(identity, members)}; the job is torn down"
+                )
+                teardown_later(message)
+                raise HorovodLiteError(message)
+        if noticed:  # the others learnt that this rank waits here: it no longer does
+            self._notify(_DONE, identity, members)
         return done
 
     def _check_mismatch(self, what: str, identity: int) -> None:
