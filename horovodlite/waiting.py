@@ -2,8 +2,8 @@
 
 Every wait of the library on other ranks (a collective's agreement, the engine's negotiation,
 join) goes through `Watch.wait`. It tests the MPI request in a short spin (a fast collective
-finishes there, with no added latency), then sleeps between tests with a back-off up to 1 ms, so
-a rank blocked for long costs well under 1% of a core. While it waits it reads the notices that
+finishes there, with no added latency), then sleeps between tests with a back-off up to 1 ms
+(10 ms once it has waited a second), so a rank blocked for long costs well under 1% of a core. While it waits it reads the notices that
 ranks post on a private control communicator:
 
 - LEFT: a rank shut horovodlite down or is exiting. A wait whose collective needs that rank
@@ -51,6 +51,7 @@ _REASONS = {LEFT_SHUTDOWN: "called hvd.shutdown()", LEFT_EXIT: "exited"}
 
 _SPIN_SECONDS = 50e-6  # test in a tight loop this long: a fast collective ends here
 _FIRST_SLEEP, _MAX_SLEEP = 20e-6, 1e-3
+_LONG_WAIT, _LONG_SLEEP = 1.0, 10e-3  # after a second, test less often: nobody is close
 _NOTICE_AFTER = 1.0  # seconds in one wait before telling the others where this rank waits
 _DEPARTURE_GRACE = 2.0  # seconds a wait goes on after a member left, in case it completes
 _TEARDOWN_DELAY = 5.0  # seconds between a fatal error and MPI_Abort: time to print and unwind
@@ -166,8 +167,8 @@ class Watch:
         what, identity = about()
         while (done := test()) is None:
             time.sleep(delay)
-            delay = min(2 * delay, _MAX_SLEEP)
             waited = time.perf_counter() - start
+            delay = min(2 * delay, _MAX_SLEEP if waited < _LONG_WAIT else _LONG_SLEEP)
             self.poll()
             self._check_mismatch(what, identity)
             gone = [r for r in members if r in self.left]
