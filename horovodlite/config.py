@@ -59,6 +59,9 @@ class Settings:
             before it fails and the job is torn down.
         timeline: TIMELINE (Horovod's too): a Chrome-trace file written by rank 0, or None.
         timeline_mark_cycles: TIMELINE_MARK_CYCLES (Horovod's too): mark engine cycles.
+        overlap: OVERLAP (1 or 0; unset: decided by the cores per rank): whether the engine
+            runs cycles while requests are still being submitted, to overlap communication
+            with computation, or only once somebody waits for a result.
     """
 
     check_metadata: bool = True
@@ -71,6 +74,7 @@ class Settings:
     collective_timeout: float = 600.0
     timeline: Optional[str] = None
     timeline_mark_cycles: bool = False
+    overlap: Optional[bool] = None
 
     @classmethod
     def from_environment(cls) -> "Settings":
@@ -102,6 +106,7 @@ class Settings:
             ),
             timeline=env_value("TIMELINE", None, str, horovod=True),
             timeline_mark_cycles=bool(env_value("TIMELINE_MARK_CYCLES", 0, int, horovod=True)),
+            overlap=env_value("OVERLAP", None, env_flag),
         )
 
 

@@ -17,6 +17,7 @@ down.
 """
 
 import logging
+import os
 import threading
 import time
 
@@ -60,19 +61,22 @@ class _Request:
 class Handle:
     """The pending result of an asynchronous collective: poll() it, then synchronize() it."""
 
-    def __init__(self, requests: list, grouped: bool, flush):
-        self._requests, self._grouped, self._flush = requests, grouped, flush
+    def __init__(self, requests: list, grouped: bool, wakeup):
+        self._requests, self._grouped, self._wakeup = requests, grouped, wakeup
 
     def done(self) -> bool:
         """Return whether the result is ready (synchronize() will not block)."""
-        return all(request.event.is_set() for request in self._requests)
+        if all(request.event.is_set() for request in self._requests):
+            return True
+        self._wakeup.flush()  # somebody asks for the result: no need to wait for more work
+        return False
 
     def wait(self):
         """Block until done; return the result or raise the collective's error."""
         if not self.done():
-            self._flush()  # the engine need not wait for more work before its next cycle
-        for request in self._requests:
-            request.event.wait()
+            with self._wakeup.waiting():
+                for request in self._requests:
+                    request.event.wait()
         for request in self._requests:
             if request.error is not None:
                 raise request.error
@@ -100,6 +104,7 @@ class Engine:
         self.stall_shutdown = settings.stall_shutdown
         self.timeout = settings.collective_timeout
         self.segment_bytes = settings.ring_segment_bytes
+        self.overlap = _overlap_pays(state) if settings.overlap is None else settings.overlap
         self.timeline = None
         self._lock = threading.Lock()
         self._wakeup = Wakeup(self.comm, state.generation)
@@ -153,7 +158,7 @@ class Engine:
             self._in_flight.update(r.key for r in requests)
             self._incoming.extend(requests)
         self._wakeup.set()
-        return Handle(requests, grouped, self._wakeup.flush)
+        return Handle(requests, grouped, self._wakeup)
 
     def begin_join(self) -> None:
         """Contribute zeros to other ranks' async all-reduces until every rank has joined."""
@@ -199,8 +204,10 @@ class Engine:
             last_cycle = time.monotonic()
             while self._stopped is None:
                 # Gather what this rank submits within one cycle time, unless waited for.
-                self._wakeup.pause(self.cycle_time - (time.monotonic() - last_cycle))
+                flushed = self._wakeup.pause(self.cycle_time - (time.monotonic() - last_cycle))
                 last_cycle = time.monotonic()
+                if not self._should_cycle(flushed):
+                    continue  # no spare core to overlap with: wait until somebody waits
                 if not self._cycle() and self._stopped is None:
                     # No rank had work: every engine sleeps now, until one has.
                     self._wakeup.agreed_to_sleep()
@@ -210,6 +217,18 @@ class Engine:
             self._stop_all(HorovodLiteError(f"the horovodlite engine failed: {exc}"))
         finally:
             self._wakeup.close()
+
+    def _should_cycle(self, flushed: bool) -> bool:
+        """Return whether to cycle now, or to gather this rank's requests for longer.
+
+        With a spare core (`overlap`), or once somebody waits for a result, cycle. So does a
+        rank with no requests of its own (the others may wait for it), a joined one, or one
+        that stops.
+        """
+        if flushed or self.overlap:
+            return True
+        with self._lock:
+            return self._joined or self._stop_requested or not (self._incoming or self._pending)
 
     def _negotiate(self, vector: np.ndarray) -> np.ndarray:
         """MIN-all-reduce `vector` with every rank's engine."""
@@ -485,6 +504,18 @@ class Engine:
         for request in requests:
             self._finish(request, error=error)
         self._join_done.set()
+
+
+def _overlap_pays(state) -> bool:
+    """Return whether this rank has a spare core for the engine to overlap with computation.
+
+    Where every rank has one core (ranks >= cores: CPU training on a small machine), the
+    engine's work during the backward pass is added to it rather than hidden behind it
+    (measured in docs/torch.md), so the engine then cycles only once results are waited for.
+    """
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    per_rank = min(usable, (os.cpu_count() or 1) / state.local_comm.size)
+    return per_rank >= 2
 
 
 def _zeros_plan(fields: dict, process_set_id: int) -> Plan:

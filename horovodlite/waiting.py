@@ -3,8 +3,8 @@
 Every wait of the library on other ranks (a collective's agreement, the engine's negotiation,
 join) goes through `Watch.wait`. It tests the MPI request in a short spin (a fast collective
 finishes there, with no added latency), then sleeps between tests with a back-off up to 1 ms
-(10 ms once it has waited a second), so a rank blocked for long costs well under 1% of a core. While it waits it reads the notices that
-ranks post on a private control communicator:
+(10 ms once it has waited a second), so a rank blocked for long costs well under 1% of a core.
+While it waits it reads the notices that ranks post on a private control communicator:
 
 - LEFT: a rank shut horovodlite down or is exiting. A wait whose collective needs that rank
   raises HorovodLiteError naming it (after a short grace, in case the collective still

@@ -17,6 +17,7 @@ does not shorten that pause; somebody waiting for a result (synchronize(), join(
 does (`flush`): nothing else is coming from that thread.
 """
 
+import contextlib
 import threading
 import time
 
@@ -45,7 +46,9 @@ class Wakeup:
         self._comm = comm
         self._generation = generation  # notes of an earlier init() may reach us: see waiting.py
         self._work = threading.Event()  # this rank has something for the engine
-        self._flush = threading.Event()  # and somebody waits for it
+        self._flush = threading.Event()  # and somebody asked for a result
+        self._lock = threading.Lock()
+        self._waiters = 0  # threads blocked in synchronize() now
         self._note = np.zeros(2, dtype=np.int64)  # the sleep it ends, the init's number
         self._receive = comm.Irecv(self._note, MPI.ANY_SOURCE, _TAG)
         self._sends: list = []
@@ -60,11 +63,27 @@ class Wakeup:
         self._flush.set()
         self._work.set()
 
-    def pause(self, seconds: float) -> None:
-        """Wait between two busy cycles: `seconds`, or less if somebody waits for a result."""
-        if seconds > 0:
-            self._flush.wait(seconds)
+    @contextlib.contextmanager
+    def waiting(self):
+        """Mark the block as a thread waiting for a result: the engine cycles without delay."""
+        with self._lock:
+            self._waiters += 1
+        self.flush()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waiters -= 1
+
+    def pause(self, seconds: float) -> bool:
+        """Wait between two busy cycles: `seconds`, or less if somebody waits for a result.
+
+        Returns whether somebody waits: a thread is blocked in waiting(), or flush() was called
+        since the last pause.
+        """
+        flushed = self._flush.wait(seconds) if seconds > 0 else self._flush.is_set()
         self._flush.clear()
+        return flushed or self._waiters > 0
 
     def sleep(self) -> None:
         """Sleep until this rank has work (then wake the others) or another rank wakes us."""

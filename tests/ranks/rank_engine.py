@@ -265,7 +265,18 @@ def fusion_threshold(request):
     hvd.barrier()
 
 
-def test_every_async_collective_in_random_order_from_threads(fusion_threshold):
+@pytest.fixture(params=[True, False], ids=lambda p: f"overlap={p}")
+def overlap(request):
+    """Run with background cycles (a spare core) and without (cycles when results are awaited)."""
+    eng = engine()
+    before, eng.overlap = eng.overlap, request.param
+    hvd.barrier()
+    yield request.param
+    eng.overlap = before
+    hvd.barrier()
+
+
+def test_every_async_collective_in_random_order_from_threads(fusion_threshold, overlap):
     world = list(range(hvd.size()))
     cases = allreduce_cases(world, hvd.global_process_set, "w")
     cases += data_cases(world, hvd.global_process_set, "w")
@@ -426,7 +437,7 @@ def test_duplicate_name_in_flight_is_a_value_error():
 
 
 @pytest.mark.parametrize("last", ["highest", "lowest"])
-def test_join_with_uneven_batches(last):
+def test_join_with_uneven_batches(last, overlap):
     n, me = hvd.size(), hvd.rank()
     batches = [k + 1 if last == "highest" else n - k for k in range(n)]
     shape = (4, 3)
@@ -482,7 +493,7 @@ def test_join_on_every_rank_at_once_returns_the_same_rank():
 # Synchronous calls beside the engine.
 
 
-def test_sync_calls_interleave_with_async_ones():
+def test_sync_calls_interleave_with_async_ones(overlap):
     n, me = hvd.size(), hvd.rank()
     rng = np.random.default_rng([5, me])
     handles, errors = [], []
