@@ -18,6 +18,8 @@ OWN_SETTINGS = [
     ("CHECK_METADATA", "0", "check_metadata", False),
     ("ALLREDUCE_ALGORITHM", "naive", "allreduce_algorithm", "naive"),
     ("RING_SEGMENT_BYTES", "4096", "ring_segment_bytes", 4096),
+    ("COLLECTIVE_TIMEOUT", "30", "collective_timeout", 30.0),
+    ("OVERLAP", "0", "overlap", False),
 ]
 ALL = HOROVOD_SETTINGS + OWN_SETTINGS
 
@@ -64,6 +66,7 @@ def test_horovod_prefix_does_not_reach_own_settings(monkeypatch, name, value, fi
         ("HOROVOD_FUSION_THRESHOLD", "64MB", "HOROVOD_FUSION_THRESHOLD='64MB'"),
         ("HOROVODLITE_CHECK_METADATA", "maybe", "HOROVODLITE_CHECK_METADATA='maybe': expected"),
         ("HOROVODLITE_RING_SEGMENT_BYTES", "0", "RING_SEGMENT_BYTES must be positive"),
+        ("HOROVODLITE_COLLECTIVE_TIMEOUT", "-1", "COLLECTIVE_TIMEOUT must be positive"),
         ("HOROVODLITE_ALLREDUCE_ALGORITHM", "tree", "HOROVODLITE_ALLREDUCE_ALGORITHM='tree'"),
     ],
 )
