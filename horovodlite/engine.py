@@ -38,6 +38,7 @@ _log = logging.getLogger("horovodlite")
 
 _CACHE_LIMIT = 4096  # entries; past it the cache is cleared (on every rank at once)
 _MEETING_CHECK = 1.0  # seconds pending before a request is checked against synchronous waiters
+_NEGOTIATION = -1  # the negotiation's identity for the Watch; digests are never negative
 
 # Positions of the flags that follow the per-request bytes and the per-rank bytes.
 _ALL_CACHED, _NOT_STALLED, _NOT_TIMED_OUT, _IDLE = range(4)
@@ -233,7 +234,7 @@ class Engine:
     def _negotiate(self, vector: np.ndarray) -> np.ndarray:
         """MIN-all-reduce `vector` with every rank's engine."""
         out = np.empty_like(vector)
-        about = lambda: ("the engines' negotiation", 0)  # noqa: E731
+        about = lambda: ("the engines' negotiation", _NEGOTIATION)  # noqa: E731
         self.state.watch.wait(self.comm.Iallreduce(vector, out, op=MPI.MIN), about, self._world)
         return out
 
@@ -308,7 +309,7 @@ class Engine:
     def _fail_sync_meetings(self, now: float) -> None:
         """Fail requests that other ranks wait for in a synchronous call: they never meet."""
         for key, request in list(self._pending.items()):
-            if now - request.submitted < _MEETING_CHECK:
+            if now - request.submitted < _MEETING_CHECK or request.fingerprint == FAILED:
                 continue
             waiters = self.state.watch.waiting_in(request.fingerprint)
             if waiters:

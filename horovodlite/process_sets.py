@@ -10,7 +10,7 @@ import functools
 from mpi4py import MPI
 
 from . import state as _state
-from .agreement import agree
+from .agreement import agree, digest
 
 __all__ = [
     "ProcessSet",
@@ -126,7 +126,7 @@ def _wait(state, fields: dict):
     """Return wait(request) for registering a process set, a collective over all ranks."""
     what = f"{fields['collective']} {fields.get('ranks', fields.get('id'))}"
     return functools.partial(
-        state.watch.wait, about=lambda: (what, 0), members=range(state.comm.size)
+        state.watch.wait, about=lambda: (what, digest(fields)), members=range(state.comm.size)
     )
 
 
