@@ -17,7 +17,7 @@ from .collectives import (
     broadcast_plan,
     reducescatter_plan,
 )
-from .engine import Handle
+from .handles import Handle
 from .joining import join_collectives
 from .plan import signature_of
 

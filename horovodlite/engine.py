@@ -27,6 +27,7 @@ from mpi4py import MPI
 from .agreement import FAILED, describe, digest, error_text, mismatch_message
 from .exceptions import HorovodLiteError, MismatchError
 from .fusion import fused_allreduce, zeros_entry
+from .handles import Handle, Request
 from .plan import Plan
 from .timeline import Timeline
 from .waiting import teardown_later
@@ -42,47 +43,6 @@ _NEGOTIATION = -1  # the negotiation's identity for the Watch; digests are never
 
 # Positions of the flags that follow the per-request bytes and the per-rank bytes.
 _ALL_CACHED, _NOT_STALLED, _NOT_TIMED_OUT, _IDLE = range(4)
-
-
-class _Request:
-    """One submitted collective on this rank, until it finishes."""
-
-    def __init__(self, plan: Plan, key: tuple, fingerprint: int):
-        self.plan, self.key, self.fingerprint = plan, key, fingerprint
-        self.submitted = time.monotonic()
-        self.agreed = None
-        self.result = self.error = None
-        self.event = threading.Event()
-
-    def finish(self, result=None, error=None) -> None:
-        self.result, self.error = result, error
-        self.event.set()
-
-
-class Handle:
-    """The pending result of an asynchronous collective: poll() it, then synchronize() it."""
-
-    def __init__(self, requests: list, grouped: bool, wakeup):
-        self._requests, self._grouped, self._wakeup = requests, grouped, wakeup
-
-    def done(self) -> bool:
-        """Return whether the result is ready (synchronize() will not block)."""
-        if all(request.event.is_set() for request in self._requests):
-            return True
-        self._wakeup.flush()  # somebody asks for the result: no need to wait for more work
-        return False
-
-    def wait(self):
-        """Block until done; return the result or raise the collective's error."""
-        if not self.done():
-            with self._wakeup.waiting():
-                for request in self._requests:
-                    request.event.wait()
-        for request in self._requests:
-            if request.error is not None:
-                raise request.error
-        results = [request.result for request in self._requests]
-        return results if self._grouped else results[0]
 
 
 class _CacheEntry:
@@ -111,7 +71,7 @@ class Engine:
         self._wakeup = Wakeup(self.comm, state.generation)
         self._incoming: list = []
         self._in_flight: set = set()
-        self._pending: dict = {}  # key -> _Request waiting for agreement
+        self._pending: dict = {}  # key -> Request waiting for agreement
         self._cache: dict = {}  # key -> _CacheEntry, the same on every rank
         self._cache_keys: list = []  # index -> key
         self._auto_names: dict = {}
@@ -155,7 +115,7 @@ class Engine:
                         "synchronize() it first, or give each tensor its own name"
                     )
                 fingerprint = FAILED if plan.error is not None else digest(plan.fields)
-                requests.append(_Request(plan, key, fingerprint))
+                requests.append(Request(plan, key, fingerprint))
             self._in_flight.update(r.key for r in requests)
             self._incoming.extend(requests)
         self._wakeup.set()
@@ -434,7 +394,7 @@ class Engine:
                     )
                 continue
             if request is None:  # this rank has joined: it contributes zeros
-                request = _Request(_zeros_plan(fields, key[0]), key, entry.fingerprint)
+                request = Request(_zeros_plan(fields, key[0]), key, entry.fingerprint)
             request.agreed = now
             if request.plan.fusion is None or self.fusion_threshold <= 0:
                 batches.append([request])
@@ -482,7 +442,7 @@ class Engine:
         for request, result in zip(batch, results):
             self._finish(request, result)
 
-    def _finish(self, request: _Request, result=None, error=None) -> None:
+    def _finish(self, request: Request, result=None, error=None) -> None:
         with self._lock:
             self._in_flight.discard(request.key)
         request.finish(result, error)
