@@ -39,6 +39,7 @@ _log = logging.getLogger("horovodlite")
 
 _CACHE_LIMIT = 4096  # entries; past it the cache is cleared (on every rank at once)
 _MEETING_CHECK = 1.0  # seconds pending before a request is checked against synchronous waiters
+_MAX_GATHER = 0.05  # seconds a rank without a spare core may hold requests nobody waits for
 _NEGOTIATION = -1  # the negotiation's identity for the Watch; digests are never negative
 
 # Positions of the flags that follow the per-request bytes and the per-rank bytes.
@@ -183,13 +184,19 @@ class Engine:
         """Return whether to cycle now, or to gather this rank's requests for longer.
 
         With a spare core (`overlap`), or once somebody waits for a result, cycle. So does a
-        rank with no requests of its own (the others may wait for it), a joined one, or one
-        that stops.
+        rank with no requests of its own (the others may wait for it), a joined one, one that
+        stops, and one whose oldest request has been gathered for _MAX_GATHER already: work
+        submitted and not waited for must still progress (Horovod's contract, and the stall
+        checks need cycles).
         """
         if flushed or self.overlap:
             return True
         with self._lock:
-            return self._joined or self._stop_requested or not (self._incoming or self._pending)
+            if self._joined or self._stop_requested:
+                return True
+            mine = self._incoming + list(self._pending.values())
+        oldest = min((request.submitted for request in mine), default=None)
+        return oldest is None or time.monotonic() - oldest > _MAX_GATHER
 
     def _negotiate(self, vector: np.ndarray) -> np.ndarray:
         """MIN-all-reduce `vector` with every rank's engine."""
