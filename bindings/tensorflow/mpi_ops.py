@@ -177,13 +177,7 @@ def allreduce(
         name: the name that matches this request across ranks (default: automatic).
         process_set: the ranks taking part.
     """
-    args = reduce_kwargs(
-        op=op,
-        average=average,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
+    args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_sparse(tensor, name=name, args=args)
     compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
@@ -207,13 +201,7 @@ def grouped_allreduce(
 
     Tensors of several dtypes are fine: each dtype travels as one fused buffer.
     """
-    args = reduce_kwargs(
-        op=op,
-        average=average,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
+    args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
     tensors = list(tensors)
     out: list = [None] * len(tensors)
     dense, compressed = [], []
@@ -434,12 +422,7 @@ def grouped_reducescatter(
     postscale_factor=1.0,
 ) -> list:
     """Return reducescatter() of every tensor in `tensors`, as one op (differentiable)."""
-    args = reduce_kwargs(
-        op=op,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
+    args = reduce_kwargs(op, None, prescale_factor, postscale_factor, process_set)
     compressed = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
     xs = [t for t, _ in compressed]
     if not xs:

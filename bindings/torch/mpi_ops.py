@@ -104,13 +104,7 @@ def allreduce_async(
     process_set=global_process_set,
 ) -> Handle:
     """Start an all-reduce of `tensor` into a new tensor; return a Handle."""
-    args = reduce_kwargs(
-        op=op,
-        average=average,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
+    args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
     return _allreduce_async([tensor], name=name, args=args, inplace=False, grouped=False)
 
 
@@ -124,13 +118,7 @@ def allreduce_async_(
     process_set=global_process_set,
 ) -> Handle:
     """Start an in-place all-reduce of `tensor`; return a Handle."""
-    args = reduce_kwargs(
-        op=op,
-        average=average,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
+    args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
     return _allreduce_async([tensor], name=name, args=args, inplace=True, grouped=False)
 
 
@@ -159,13 +147,7 @@ def allreduce(
 
     Args mirror horovodlite.allreduce; `compression` casts the tensor for the wire.
     """
-    args = reduce_kwargs(
-        op=op,
-        average=average,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
+    args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
     compressed, ctx = compression.compress(tensor)
     return compression.decompress(_Allreduce.apply(compressed, name, args), ctx)
 
@@ -180,13 +162,7 @@ def allreduce_(
     process_set=global_process_set,
 ) -> torch.Tensor:
     """All-reduce `tensor` in place and return it."""
-    args = reduce_kwargs(
-        op=op,
-        average=average,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
+    args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
     return _allreduce_now(tensor, name=name, args=args, inplace=True)
 
 
@@ -201,13 +177,7 @@ def grouped_allreduce_async(
     inplace=False,
 ) -> Handle:
     """Start an all-reduce of every tensor in `tensors` (fused); return a Handle of the list."""
-    args = reduce_kwargs(
-        op=op,
-        average=average,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
+    args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
     return _allreduce_async(list(tensors), name=name, args=args, inplace=inplace, grouped=True)
 
 
@@ -221,13 +191,7 @@ def grouped_allreduce_async_(
     process_set=global_process_set,
 ) -> Handle:
     """In-place grouped_allreduce_async()."""
-    args = reduce_kwargs(
-        op=op,
-        average=average,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
+    args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
     return _allreduce_async(list(tensors), name=name, args=args, inplace=True, grouped=True)
 
 
@@ -257,13 +221,7 @@ def grouped_allreduce(
     process_set=global_process_set,
 ) -> list:
     """Return the reductions of `tensors`, all-reduced as one fused buffer (differentiable)."""
-    args = reduce_kwargs(
-        op=op,
-        average=average,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
+    args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
     compressed = [compression.compress(t) for t in tensors]
     results = _GroupedAllreduce.apply(name, args, *(t for t, _ in compressed))
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed)]
@@ -279,13 +237,7 @@ def grouped_allreduce_(
     process_set=global_process_set,
 ) -> list:
     """All-reduce every tensor in `tensors` in place, as one fused buffer; return them."""
-    args = reduce_kwargs(
-        op=op,
-        average=average,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
+    args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
     return synchronize(
         _allreduce_async(list(tensors), name=name, args=args, inplace=True, grouped=True)
     )
@@ -477,12 +429,7 @@ def reducescatter_async(
     postscale_factor=1.0,
 ) -> Handle:
     """Start a reduce-scatter along dimension 0; return a Handle."""
-    args = reduce_kwargs(
-        op=op,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
+    args = reduce_kwargs(op, None, prescale_factor, postscale_factor, process_set)
     return _reducescatter_async([tensor], name=name, args=args, grouped=False)
 
 
@@ -512,12 +459,7 @@ def reducescatter(
     postscale_factor=1.0,
 ) -> torch.Tensor:
     """Reduce `tensor` over the ranks; return this rank's rows of dimension 0 (differentiable)."""
-    args = reduce_kwargs(
-        op=op,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
+    args = reduce_kwargs(op, None, prescale_factor, postscale_factor, process_set)
     compressed, ctx = compression.compress(tensor)
     return compression.decompress(_Reducescatter.apply(compressed, name, args), ctx)
 
@@ -531,12 +473,7 @@ def grouped_reducescatter_async(
     postscale_factor=1.0,
 ) -> Handle:
     """Start a reduce-scatter of every tensor in `tensors`; return a Handle of the list."""
-    args = reduce_kwargs(
-        op=op,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
+    args = reduce_kwargs(op, None, prescale_factor, postscale_factor, process_set)
     return _reducescatter_async(list(tensors), name=name, args=args, grouped=True)
 
 
@@ -549,12 +486,7 @@ def grouped_reducescatter(
     postscale_factor=1.0,
 ) -> list:
     """Return the reduce-scatter of every tensor in `tensors`."""
-    args = reduce_kwargs(
-        op=op,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
+    args = reduce_kwargs(op, None, prescale_factor, postscale_factor, process_set)
     return synchronize(_reducescatter_async(list(tensors), name=name, args=args, grouped=True))
 
 

@@ -22,7 +22,6 @@ _GRADIENT_OPS = (ReduceOp.AVERAGE, ReduceOp.SUM)
 
 
 def reduce_kwargs(
-    *,
     op=None,
     average=None,
     prescale_factor: float = 1.0,
@@ -32,7 +31,9 @@ def reduce_kwargs(
     """Return an all-reduce's or reduce-scatter's keyword arguments from a binding's.
 
     Meant to be called by a binding's public collective, straight from its Horovod arguments:
-    the deprecation warning for `average` then names the user's call.
+    the deprecation warning for `average` then names the user's call. The parameters are in
+    one fixed order so that a binding's many forms pass their same-named arguments in one line,
+    `reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)`.
 
     Raises:
         ValueError, TypeError: from resolve_op, for both op and average or an unknown op.
