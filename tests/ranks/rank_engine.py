@@ -544,8 +544,14 @@ def test_the_idle_engine_runs_no_cycle():
         before = engine().cycles
         time.sleep(0.2)
     assert before > 0
+    # The same second on every rank (barriers are synchronous: they do not wake the engines),
+    # so no rank's next step lands in another rank's idle second.
+    hvd.barrier()
+    before = engine().cycles
     time.sleep(1.0)
-    assert engine().cycles == before
+    after = engine().cycles
+    hvd.barrier()
+    assert after == before
     # And a submission wakes them all again.
     out = hvd.synchronize(hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="idle.again"))
     np.testing.assert_array_equal(out, np.full(2, float(hvd.size())))
