@@ -13,9 +13,12 @@ BINDINGS = [
     if os.path.isfile(os.path.join(HERE, "bindings", name, "__init__.py"))
 ]
 packages = find_packages(include=["horovodlite", "horovodlite.*"])
-packages += [f"horovodlite.{b}" for b in BINDINGS]
 package_dir = {"horovodlite": "horovodlite"}
-package_dir.update({f"horovodlite.{b}": f"bindings/{b}" for b in BINDINGS})
+for b in BINDINGS:
+    # A binding's subpackages too (horovodlite.tensorflow.keras, Horovod's Keras module path).
+    subpackages = find_packages(where=os.path.join(HERE, "bindings", b))
+    packages += [f"horovodlite.{b}"] + [f"horovodlite.{b}.{sub}" for sub in subpackages]
+    package_dir[f"horovodlite.{b}"] = f"bindings/{b}"
 
 
 def read_version() -> str:
@@ -47,7 +50,7 @@ setup(
     python_requires=">=3.9",
     packages=packages,
     package_dir=package_dir,
-    install_requires=["mpi4py>=4", "numpy", "ml_dtypes"],
+    install_requires=["mpi4py>=4", "numpy", "ml_dtypes", "cloudpickle"],
     extras_require=extras,
     entry_points={"console_scripts": ["horovodlite-run=horovodlite.run:main"]},
     license="Apache-2.0",

@@ -16,3 +16,13 @@ __all__ = list(common.__all__)
 __all__ += collectives.__all__
 __all__ += [name for name in asynchronous.__all__ if name not in common.__all__]
 __all__ += ["cuda_aware_mpi", "MismatchError", "NotInitializedError"]
+
+
+def __getattr__(name):
+    # `horovodlite.run(fn, np=2)` as `horovod.run`: the launcher package, imported on first use
+    # (it is callable); importing it sets this attribute, so this runs once.
+    if name == "run":
+        import importlib
+
+        return importlib.import_module(".run", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -51,7 +51,19 @@ def _same_memory(a, b) -> bool:
 
 
 def scale(xp, buf, factor: float) -> None:
-    """Multiply `buf` by `factor` in place (nothing for 1.0)."""
-    # Unsafe casting lets integer arrays scale in float64 and truncate toward zero, as Horovod.
+    """Multiply `buf` by `factor` in place (nothing for 1.0), rounding as Horovod does.
+
+    A float buffer is scaled in its own precision, with the factor cast to it; half types on
+    the host in float32 math (as Horovod's CPU kernels). Integers scale in float64 and truncate
+    toward zero (the unsafe cast back).
+    """
     if factor != 1.0:
-        xp.multiply(buf, factor, out=buf, casting="unsafe")
+        xp.multiply(buf, _factor_type(xp, buf.dtype)(factor), out=buf, casting="unsafe")
+
+
+def _factor_type(xp, dtype):
+    if dtype.kind != "f" and dtype.name != "bfloat16":
+        return np.float64
+    if dtype.itemsize == 2 and xp is np:
+        return np.float32
+    return dtype.type

@@ -20,6 +20,7 @@ from horovodlite.run.hosts import (
     check_slots,
     hosts_argument,
     is_local,
+    launcher_hosts,
     parse_hostfile,
     parse_hosts,
 )
@@ -78,12 +79,33 @@ def test_parse_hosts(text, expected):
         ("a:2,a:1", "host 'a' is listed twice"),
         ("[fd00::1:2", "without closing it"),
         ("[nothex]:2", "is not an IPv6 address"),
+        ("localhost:99999999999999999999", "slots must be at most 65536"),
     ],
 )
 def test_parse_hosts_rejects_malformed(text, message):
     with pytest.raises(ValueError, match="-H") as info:
         parse_hosts(text)
     assert message in str(info.value)
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_launcher_hosts_map_local_ipv6_and_refuse_remote_ipv6():
+    assert launcher_hosts([Host("::1", 2), Host("node1", 1)]) == [
+        Host("localhost", 2), Host("node1", 1)
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="cannot take IPv6 addresses.*give the host's name"):
+        launcher_hosts([Host("fd00::7", 2)])
+    with pytest.raises(ValueError, match="'localhost' is listed twice"):
+        launcher_hosts([Host("::1", 1), Host("localhost", 1)])
 
 
 def test_hostfile_both_syntaxes_and_comments(tmp_path):
@@ -232,6 +254,10 @@ def test_settings_env(tmp_path):
         settings_env(cycle_time_ms=-1)
     with pytest.raises(ValueError, match="--fusion-threshold-mb"):
         settings_env(fusion_threshold_mb=float("nan"))
+    with pytest.raises(ValueError, match="--cycle-time-ms must be a non-negative number, got inf"):
+        settings_env(cycle_time_ms=float("inf"))
+    with pytest.raises(ValueError, match="--fusion-threshold-mb"):
+        settings_env(fusion_threshold_mb=float("inf"))
 
 
 # -- main() with the launcher faked -------------------------------------------------------------
@@ -450,6 +476,20 @@ def test_end_to_end_on_localhost(tmp_path):
         assert env["HOROVODLITE_CYCLE_TIME"] == "2"
         assert env["HOROVODLITE_TIMELINE"] == timeline
         assert env["HOROVODLITE_STALL_CHECK_TIME_SECONDS"] == "30"
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_ipv6_loopback_host_runs(tmp_path):
+    reports_dir = tmp_path / "reports"
+    reports_dir.mkdir()
+    rc, out, err = _run(
+        [SCRIPT, "-np", "2", "-H", "[::1]:2", sys.executable, "-c", RANK_REPORT,
+         str(reports_dir)],
+        120,
+    )  # fmt: skip
+    assert rc == 0, f"{out}\n{err}"
+    assert [r["rank"] for r in read_reports(reports_dir)] == [0, 1]
 
 
 @pytest.mark.mpi

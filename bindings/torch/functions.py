@@ -1,5 +1,7 @@
 """Broadcasting model and optimizer state, and Python objects."""
 
+import contextlib
+
 import horovodlite as core
 import torch
 from horovodlite.process_sets import global_process_set
@@ -90,7 +92,13 @@ def broadcast_optimizer_state(
 
     Works for any torch optimizer: the structure travels as a small object, the tensors by
     in-place broadcast. `model` is accepted for Horovod compatibility.
+
+    An optimizer without state yet (no step taken) first takes one step with zero gradients,
+    as Horovod's does, so that the state exists: every parameter that requires a gradient is
+    left with a zero `.grad` (sparse for SparseAdam), the others with `grad is None`.
     """
+    if not optimizer.state_dict()["state"]:
+        _create_state(optimizer)
     local = optimizer.state_dict()
     skeleton = core.broadcast_object(
         _skeleton(local), root_rank, name="optimizer_state", process_set=process_set
@@ -105,6 +113,19 @@ def broadcast_optimizer_state(
     for handle in handles:
         synchronize(handle)
     optimizer.load_state_dict(state)
+
+
+def _create_state(optimizer) -> None:
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.requires_grad:
+                param.grad = torch.zeros_like(param)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    param.grad = param.grad.to_sparse()
+    # A DistributedOptimizer's step would all-reduce the zeros: step the wrapped class alone.
+    skip = getattr(optimizer, "skip_synchronize", contextlib.nullcontext)
+    with skip():
+        optimizer.step()
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):

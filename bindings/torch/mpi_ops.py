@@ -58,6 +58,9 @@ class Handle:
     def wait(self):
         return self._finish(self._core.wait())
 
+    # Horovod's sparse_allreduce_async returns a function that waits: scripts call handle().
+    __call__ = wait
+
 
 def poll(handle: Handle) -> bool:
     """Return whether `handle`'s collective has finished."""
@@ -308,9 +311,30 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
     return Handle(handle, lambda results: [v.to_tensor(r) for v, r in zip(views, results)])
 
 
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
+        handle = grouped_allgather_async(tensors, name=name, process_set=process_set)
+        return tuple(synchronize(handle))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        # As the single form: average each gradient over the ranks, keep this rank's rows.
+        args = reduce_kwargs(op=core.Average, process_set=ctx.process_set)
+        views = [TensorView(g.contiguous()) for g in grads]
+        reduced = core.grouped_allreduce([v.array for v in views], **args)
+        rows = core.allgather_object(ctx.rows, process_set=ctx.process_set)
+        me = (ctx.process_set or global_process_set).rank()
+        return (None, None, *(
+            v.to_tensor(r).narrow(0, sum(per_rank[i] for per_rank in rows[:me]), rows[me][i])
+            for i, (v, r) in enumerate(zip(views, reduced))
+        ))  # fmt: skip
+
+
 def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
-    """Return the allgather of every tensor in `tensors`."""
-    return synchronize(grouped_allgather_async(tensors, name=name, process_set=process_set))
+    """Return the allgather of every tensor in `tensors` (differentiable)."""
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
@@ -433,6 +457,23 @@ def reducescatter_async(
     return _reducescatter_async([tensor], name=name, args=args, grouped=False)
 
 
+def _reducescatter_gradients(grads: list, args: dict) -> list:
+    """Return the gradients of a reduce-scatter's inputs from its outputs' gradients `grads`.
+
+    Horovod's convention (HorovodReducescatter): the allgather of the upstream gradients,
+    times the set size for Sum, times the prescale and postscale factors. For Average this is
+    the gradient of each rank's share of the summed loss.
+    """
+    process_set = args["process_set"] or global_process_set
+    gathered = grouped_allgather(
+        [g.contiguous() for g in grads], name=None, process_set=process_set
+    )
+    factor = args["prescale_factor"] * args["postscale_factor"]
+    if args["op"] == core.Sum:
+        factor *= process_set.size()
+    return [g * factor if factor != 1.0 else g for g in gathered]
+
+
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, args):
@@ -442,11 +483,19 @@ class _Reducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        process_set = ctx.args["process_set"]
-        gathered = allgather(grad.contiguous(), process_set=process_set)
-        if ctx.args["op"] == core.Average:
-            gathered = gathered / (process_set or global_process_set).size()
-        return gathered, None, None
+        return _reducescatter_gradients([grad], ctx.args)[0], None, None
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, args, *tensors):
+        ctx.args = args
+        return tuple(synchronize(_reducescatter_async(list(tensors), name=name, args=args,
+                                                      grouped=True)))  # fmt: skip
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, *_reducescatter_gradients(list(grads), ctx.args))
 
 
 def reducescatter(
@@ -487,7 +536,7 @@ def grouped_reducescatter(
 ) -> list:
     """Return the reduce-scatter of every tensor in `tensors`."""
     args = reduce_kwargs(op, None, prescale_factor, postscale_factor, process_set)
-    return synchronize(_reducescatter_async(list(tensors), name=name, args=args, grouped=True))
+    return list(_GroupedReducescatter.apply(name, args, *tensors))
 
 
 def join(device=-1) -> int:

@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import warnings
 
 import horovodlite as core
 import torch
@@ -30,8 +31,9 @@ class _DistributedMixin:
         self._hvd_group_of = {p: g for g in self._hvd_groups for p in g}
         self._hvd_counts = {p: 0 for p in params}
         self._hvd_ready: dict = {}  # group -> parameters whose gradient is ready
-        self._hvd_pending: dict = {}  # group -> (handle, [(param, wire tensor, ctx)])
+        self._hvd_pending: dict = {}  # group -> [(handle, [(param, wire tensor, ctx)])]
         self._hvd_should_sync = True
+        self._hvd_synchronized = False  # synchronize() called, and no backward() since
         self._hvd_hooks = []
         if settings.process_set.size() > 1:
             self._hvd_hooks = [
@@ -59,6 +61,7 @@ class _DistributedMixin:
                 f"backward_passes_per_step={self.backward_passes_per_step} times before step(): "
                 "raise backward_passes_per_step to accumulate gradients locally"
             )
+        self._hvd_synchronized = False
         self._hvd_counts[param] += 1
         if self._hvd_counts[param] == self.backward_passes_per_step:
             ready = self._hvd_ready.setdefault(group, set())
@@ -69,46 +72,61 @@ class _DistributedMixin:
     def _hvd_submit(self, group) -> None:
         self._hvd_ready.pop(group, None)
         settings = self._hvd_settings
-        parts = []
+        pending, dense = [], []
         for param in group:
             if param.grad is None:  # no gradient on this rank: still take part, with zeros
                 param.grad = torch.zeros_like(param)
-            elif param.grad.is_sparse and settings.sparse_as_dense:
-                param.grad = param.grad.to_dense()
-            if param.grad.is_sparse:
+            if param.grad.is_sparse and not settings.sparse_as_dense:
+                # A sparse gradient travels alone, as gathered indices and values.
                 handle = sparse_allreduce_async(
                     param.grad,
                     name=self._hvd_names[param],
                     op=settings.op,
                     process_set=settings.process_set,
                 )
-                self._hvd_pending[group] = (handle, [(param, None, None)])
-                return
-            wire, ctx = settings.compression.compress(param.grad)
-            parts.append((param, wire, ctx))
-        wires = [wire for _, wire, _ in parts]
-        if len(group) == 1:
-            name = self._hvd_names[group[0]]
-            handle = allreduce_async_(wires[0], name=name, **settings.reduce_kwargs)
-        else:
-            name = "group." + self._hvd_names[group[0]]
-            handle = grouped_allreduce_async_(wires, name=name, **settings.reduce_kwargs)
-        self._hvd_pending[group] = (handle, parts)
+                pending.append((handle, [(param, None, None)]))
+                continue
+            # sparse_as_dense: a dense copy travels; synchronize() makes the result sparse again.
+            grad = param.grad.to_dense() if param.grad.is_sparse else param.grad
+            wire, ctx = settings.compression.compress(grad)
+            dense.append((param, wire, ctx))
+        if dense:
+            wires = [wire for _, wire, _ in dense]
+            if len(dense) == 1:
+                name = self._hvd_names[dense[0][0]]
+                handle = allreduce_async_(wires[0], name=name, **settings.reduce_kwargs)
+            else:
+                name = "group." + self._hvd_names[dense[0][0]]
+                handle = grouped_allreduce_async_(wires, name=name, **settings.reduce_kwargs)
+            pending.append((handle, dense))
+        self._hvd_pending[group] = pending
 
     def synchronize(self) -> None:
-        """Wait for every gradient's all-reduce; submit those backward() did not reach."""
+        """Wait for every gradient's all-reduce; submit those backward() did not reach.
+
+        Call it yourself to work on the reduced gradients before step() (clipping, for
+        example), then call step() inside `with optimizer.skip_synchronize():`.
+        """
+        self._hvd_synchronize()
+        self._hvd_synchronized = True
+
+    def _hvd_synchronize(self) -> None:
         if not self._hvd_hooks:
             return
         for group in self._hvd_groups:
             if group not in self._hvd_pending:
                 self._hvd_submit(group)
-        for handle, parts in self._hvd_pending.values():
-            result = synchronize(handle)
-            for param, wire, ctx in parts:
-                if wire is None:  # a sparse gradient, gathered into a new tensor
-                    param.grad = result
-                elif wire is not param.grad:
-                    param.grad.copy_(self._hvd_settings.compression.decompress(wire, ctx))
+        decompress = self._hvd_settings.compression.decompress
+        for pending in self._hvd_pending.values():
+            for handle, parts in pending:
+                result = synchronize(handle)
+                for param, wire, ctx in parts:
+                    if wire is None:  # a sparse gradient, gathered into a new tensor
+                        param.grad = result
+                    elif param.grad.is_sparse:  # sparse_as_dense: sparse again, same layout
+                        param.grad = decompress(wire, ctx).to_sparse(param.grad.sparse_dim())
+                    elif wire is not param.grad:
+                        param.grad.copy_(decompress(wire, ctx))
         self._hvd_pending.clear()
         self._hvd_ready.clear()
         for param in self._hvd_counts:
@@ -125,7 +143,19 @@ class _DistributedMixin:
 
     def step(self, closure=None):
         if self._hvd_should_sync:
-            self.synchronize()
+            if self._hvd_synchronized and not self._hvd_ready and not self._hvd_pending:
+                # Horovod warns too, and all-reduces the gradients a second time; they are
+                # already reduced and no backward() ran since, so horovodlite does not.
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context "
+                    "after optimizer.synchronize(): the gradients are already all-reduced, so "
+                    "this step uses them as they are; write `with optimizer.skip_synchronize(): "
+                    "optimizer.step()` after calling synchronize() yourself",
+                    stacklevel=2,
+                )
+            else:
+                self._hvd_synchronize()
+        self._hvd_synchronized = False
         return super().step(closure)
 
     def zero_grad(self, *args, **kwargs):

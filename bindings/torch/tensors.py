@@ -42,10 +42,16 @@ class TensorView:
         return torch.from_dlpack(array)
 
     def write_back(self, array) -> torch.Tensor:
-        """Finish an in-place collective: make the tensor hold `array`; return the tensor."""
+        """Finish an in-place collective: make the tensor hold `array`; return the tensor.
+
+        The tensor's version counter moves on, as with torch's own in-place ops, so autograd
+        refuses a backward pass that saved the old values.
+        """
         if self.staged or not _shares(self.array, array):
             with torch.no_grad():
                 self.tensor.copy_(self.to_tensor(array).reshape(self.tensor.shape))
+        else:
+            torch.autograd.graph.increment_version(self.tensor)
         return self.tensor
 
 

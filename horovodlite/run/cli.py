@@ -16,7 +16,14 @@ import sys
 
 from ..version import __version__
 from .errors import LaunchError
-from .hosts import check_reachable, check_slots, default_hosts, parse_hostfile, parse_hosts
+from .hosts import (
+    check_reachable,
+    check_slots,
+    default_hosts,
+    launcher_hosts,
+    parse_hostfile,
+    parse_hosts,
+)
 from .mpi_launcher import FLAVOUR_NAMES, build_command, detect_flavour, find_mpiexec, settings_env
 
 __all__ = ["build_parser", "main"]
@@ -176,7 +183,7 @@ def _run(args, settings: dict, mpi_args: list) -> int:
     if args.num_proc is None and hosts is None:
         raise ValueError("give -np N (and optionally -H host1:2,host2:2 or --hostfile FILE)")
     np = args.num_proc if args.num_proc is not None else sum(h.slots for h in hosts)
-    hosts = hosts or default_hosts(np)
+    hosts = launcher_hosts(hosts) if hosts else default_hosts(np)
     check_slots(hosts, np)
     mpiexec = find_mpiexec()
     flavour = detect_flavour(mpiexec)

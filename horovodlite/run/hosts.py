@@ -25,6 +25,7 @@ __all__ = [
     "default_hosts",
     "hosts_argument",
     "is_local",
+    "launcher_hosts",
     "parse_hostfile",
     "parse_hosts",
     "ssh_probe",
@@ -60,9 +61,16 @@ def _check_name(name: str, where: str) -> str:
     return name
 
 
+# MPI launchers read slot counts into C ints (a larger count overflows and hangs Hydra); no host
+# runs this many processes.
+MAX_SLOTS = 65536
+
+
 def _check_slots_value(text: str, where: str) -> int:
     if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
         raise ValueError(f"{where}: slots must be a positive integer, got {text!r}")
+    if int(text) > MAX_SLOTS:
+        raise ValueError(f"{where}: slots must be at most {MAX_SLOTS}, got {text}")
     return int(text)
 
 
@@ -146,6 +154,29 @@ def parse_hostfile(path: str) -> list:
 def hosts_argument(hosts: list) -> str:
     """Return `name:slots,...`, the host list both Hydra (-hosts) and Open MPI (-H) accept."""
     return ",".join(f"{h.name}:{h.slots}" for h in hosts)
+
+
+def launcher_hosts(hosts: list) -> list:
+    """Return `hosts` as the MPI launchers can take them: no IPv6 address in the list.
+
+    Both launchers split `name:slots` at a colon, so Hydra would read `::1:2` as a host named
+    '' and start ssh for it. An address of this machine becomes `localhost`; a remote IPv6
+    address is refused with the fix.
+
+    Raises:
+        ValueError: a remote IPv6 address, or this machine listed twice.
+    """
+    result = []
+    for host in hosts:
+        if ":" in host.name:
+            if not is_local(host.name):
+                raise ValueError(
+                    f"host {host.name!r}: MPI launchers cannot take IPv6 addresses in a host "
+                    f"list: give the host's name instead (add it to /etc/hosts)"
+                )
+            host = Host("localhost", host.slots)
+        result.append(host)
+    return _no_duplicates(result, "the host list")
 
 
 def check_slots(hosts: list, np: int) -> None:

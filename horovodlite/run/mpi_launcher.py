@@ -7,6 +7,7 @@ command is an argv list: nothing here passes through a shell.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -108,7 +109,7 @@ def settings_env(
     for flag, value in (("--fusion-threshold-mb", fusion_threshold_mb),
                         ("--cycle-time-ms", cycle_time_ms),
                         ("--stall-check-time", stall_check_time)):  # fmt: skip
-        if value is not None and not value >= 0:
+        if value is not None and not (value >= 0 and math.isfinite(value)):
             raise ValueError(f"{flag} must be a non-negative number, got {value}")
     if fusion_threshold_mb is not None:
         env["HOROVODLITE_FUSION_THRESHOLD"] = str(int(fusion_threshold_mb * 1024 * 1024))
