@@ -10,12 +10,13 @@ from horovodlite.training.common import *  # noqa: F403
 from . import callbacks, functions
 from .compression import Compression
 from .functions import *  # noqa: F403
-from .optimizer import DistributedOptimizer, load_model
+from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, load_model
 
 # Its own names, the core's that every binding shares, and all of functions'.
 __all__ = [
     "Compression",
     "DistributedOptimizer",
+    "PartialDistributedOptimizer",
     "load_model",
     "callbacks",
     "broadcast_object",

@@ -56,8 +56,10 @@ class _TorchGradientReducer:
     def __init__(self, settings: ReductionSettings, ops):
         self.settings, self.ops = settings, ops  # ops: horovodlite.torch.mpi_ops
 
-    def __call__(self, grads) -> list:
-        return reduce_gradients(grads, self.settings, reduce=self._reduce, scale=operator.mul)
+    def __call__(self, grads, local=None) -> list:
+        return reduce_gradients(
+            grads, self.settings, reduce=self._reduce, scale=operator.mul, local=local
+        )
 
     def _reduce(self, tensors: list) -> list:
         compression = self.settings.compression

@@ -5,6 +5,7 @@ import numpy as np
 import horovodlite as core
 import keras
 from horovodlite.process_sets import global_process_set
+from horovodlite.training import LocalVariables
 
 from .functions import broadcast_variables
 
@@ -22,16 +23,38 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     Broadcasts once, as soon as the optimizer's variables exist: at the start of training when
     `fit` has built the optimizer (Keras 3 does), else after the first batch, as Horovod does.
+    The model variables in `local_variables` (a variable or a list), or registered with
+    `register_local_var`, keep each rank's value; the optimizer's variables are all broadcast,
+    as in Horovod.
+
+    Raises:
+        TypeError: an entry of `local_variables` is not a variable.
     """
 
-    def __init__(self, root_rank, device="", process_set=global_process_set):
+    def __init__(self, root_rank, device="", local_variables=None, process_set=global_process_set):
         super().__init__()
         self.root_rank, self.process_set = root_rank, process_set
         self.broadcast_done = False
+        self._local = LocalVariables()
+        if local_variables is None:
+            local_variables = []
+        elif hasattr(local_variables, "assign"):
+            local_variables = [local_variables]
+        for variable in local_variables:
+            self.register_local_var(variable)
+
+    def register_local_var(self, var):
+        """Leave the model variable `var` out of the broadcast: it keeps each rank's value."""
+        if not hasattr(var, "assign"):
+            raise TypeError(
+                "local_variables must be variables (model.variables entries), got "
+                f"{type(var).__name__}"
+            )
+        self._local.add(var)
 
     def _broadcast(self):
         optimizer = getattr(self.model, "optimizer", None)
-        variables = list(self.model.variables)
+        variables = [v for v in self.model.variables if v not in self._local]
         if optimizer is not None:
             variables += list(optimizer.variables)
         broadcast_variables(variables, self.root_rank, process_set=self.process_set)

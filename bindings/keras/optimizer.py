@@ -6,7 +6,8 @@ and saving work as before (a saved model loads without horovodlite). It hooks `a
 backends. With backward_passes_per_step = n > 1 it uses Keras' own gradient accumulation
 (`gradient_accumulation_steps=n`) and all-reduces the accumulated gradients only on every n-th
 step, in `_clip_gradients`, the one method Keras calls exactly once per real update and before
-the gradients are clipped and applied.
+the gradients are clipped and applied. Gradients of variables registered as worker-local
+(`register_local_var`, PartialDistributedOptimizer's `local_layers`) are not all-reduced.
 """
 
 import dataclasses
@@ -14,12 +15,12 @@ import dataclasses
 import keras
 from horovodlite.ops import ReduceOp
 from horovodlite.process_sets import global_process_set
-from horovodlite.training import ReductionSettings
+from horovodlite.training import LocalVariables, ReductionSettings, layer_variables
 
 from .backend import gradient_reducer
 from .compression import Compression
 
-__all__ = ["DistributedOptimizer", "load_model", "wrap"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "load_model", "wrap"]
 
 _CLASSES: dict = {}
 
@@ -29,7 +30,7 @@ def _distributed_class(base: type) -> type:
     if getattr(base, "_horovodlite_distributed", False):
         return base
     if base not in _CLASSES:
-        for method in ("apply", "_clip_gradients"):
+        for method in ("apply", "_backend_apply_gradients", "_clip_gradients"):
             if not callable(getattr(base, method, None)):
                 raise TypeError(
                     f"{base.__name__} has no {method}(): horovodlite.keras needs a Keras 3 "
@@ -39,16 +40,39 @@ def _distributed_class(base: type) -> type:
         class Distributed(base):
             _horovodlite_distributed = True
 
+            def register_local_var(self, var):
+                """Keep the gradient of `var` on this rank: it is not all-reduced."""
+                self._horovodlite_local.add(var)
+
+            def _horovodlite_mask(self, variables):
+                local = getattr(self, "_horovodlite_local", None)
+                if not local or variables is None:
+                    return None
+                return local.mask(variables)
+
             def apply(self, grads, trainable_variables=None):
                 reduce = self._horovodlite
                 if reduce.settings.backward_passes_per_step == 1:
-                    grads = reduce(list(grads))
+                    variables = trainable_variables
+                    if variables is None and self.built:
+                        variables = self._trainable_variables
+                    if variables is not None:
+                        variables = list(variables)
+                        trainable_variables = variables
+                    grads = reduce(list(grads), local=self._horovodlite_mask(variables))
                 return super().apply(grads, trainable_variables)
+
+            def _backend_apply_gradients(self, grads, trainable_variables):
+                # _clip_gradients gets these gradients' variables only through here. Set past
+                # Keras' __setattr__, which would track the list as the optimizer's own variables.
+                object.__setattr__(self, "_horovodlite_applying", trainable_variables)
+                return super()._backend_apply_gradients(grads, trainable_variables)
 
             def _clip_gradients(self, grads):
                 reduce = self._horovodlite
                 if reduce.settings.backward_passes_per_step > 1:
-                    grads = reduce(list(grads))
+                    variables = getattr(self, "_horovodlite_applying", None)
+                    grads = reduce(list(grads), local=self._horovodlite_mask(variables))
                 return super()._clip_gradients(grads)
 
         Distributed.__name__ = base.__name__
@@ -87,6 +111,7 @@ def wrap(optimizer, settings: ReductionSettings, *, name=None, average_aggregate
         config["gradient_accumulation_steps"] = passes
     wrapped = _distributed_class(type(optimizer)).from_config(config)
     wrapped._horovodlite = reduce
+    wrapped._horovodlite_local = LocalVariables()
     return wrapped
 
 
@@ -122,8 +147,10 @@ def DistributedOptimizer(
             rather than their sum.
         num_groups, groups: accepted for Horovod; every gradient already travels in one fused
             buffer per dtype.
-        device_dense, device_sparse, scale_local_gradients: accepted for Horovod; unused.
+        device_dense, device_sparse: accepted for Horovod; unused.
         process_set: the ranks that average gradients.
+        scale_local_gradients: divide the gradients of variables registered with
+            `register_local_var` (which are not all-reduced) by the process set's size.
 
     Raises:
         TypeError: `optimizer` is not a Keras 3 optimizer.
@@ -144,13 +171,64 @@ def DistributedOptimizer(
         num_groups=num_groups,
         groups=groups,
         process_set=process_set,
+        scale_local_gradients=bool(scale_local_gradients),
     )
     return wrap(
         optimizer, settings, name=name, average_aggregated_gradients=average_aggregated_gradients
     )
 
 
-def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):
+def PartialDistributedOptimizer(
+    optimizer,
+    name=None,
+    device_dense="",
+    device_sparse="",
+    compression=Compression.none,
+    sparse_as_dense=False,
+    gradient_predivide_factor=1.0,
+    op=ReduceOp.AVERAGE,
+    groups=None,
+    process_set=global_process_set,
+    local_layers=None,
+    scale_local_gradients=True,
+):
+    """Return DistributedOptimizer(optimizer, ...) that keeps `local_layers`' gradients local.
+
+    The trainable weights of the Keras layers in `local_layers` (a layer or a list of layers)
+    are registered with `register_local_var`: their gradients are not all-reduced (and are
+    divided by the process set's size if `scale_local_gradients`). Horovod 0.28's signature.
+
+    Raises:
+        TypeError: `optimizer` is not a Keras 3 optimizer, or an entry of `local_layers` is not
+            a Keras layer.
+        ValueError, NotImplementedError: as DistributedOptimizer.
+    """
+    local_variables = layer_variables(local_layers)
+    wrapped = DistributedOptimizer(
+        optimizer,
+        name=name,
+        device_dense=device_dense,
+        device_sparse=device_sparse,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor,
+        op=op,
+        groups=groups,
+        process_set=process_set,
+        scale_local_gradients=scale_local_gradients,
+    )
+    for variable in local_variables:
+        wrapped.register_local_var(variable)
+    return wrapped
+
+
+def load_model(
+    filepath,
+    custom_optimizers=None,
+    custom_objects=None,
+    compression=Compression.none,
+    legacy_opts=False,
+):
     """Load a saved Keras model and make its optimizer a DistributedOptimizer, state and all.
 
     Args:
@@ -158,7 +236,16 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
         custom_optimizers: optimizer classes the file needs that Keras does not know.
         custom_objects: other custom classes and functions, as for `keras.models.load_model`.
         compression: the wire compression for the all-reduce.
+        legacy_opts: accepted for Horovod; must be False (Keras 3 has no legacy optimizers).
+
+    Raises:
+        ValueError: legacy_opts=True.
     """
+    if legacy_opts:
+        raise ValueError(
+            "legacy_opts=True asks for tf.keras 2's legacy optimizers, which Keras 3 does not "
+            "have: leave legacy_opts=False"
+        )
     objects = dict(custom_objects or {})
     for cls in custom_optimizers or []:
         objects[cls.__name__] = cls
@@ -168,4 +255,5 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
         # Re-class the loaded optimizer in place, so its restored variables stay.
         optimizer.__class__ = _distributed_class(type(optimizer))
         optimizer._horovodlite = gradient_reducer(ReductionSettings(compression=compression))
+        optimizer._horovodlite_local = LocalVariables()
     return model

@@ -11,6 +11,7 @@ __all__ = [
     "broadcast_global_variables",
     "BroadcastGlobalVariablesHook",
     "broadcast_object",
+    "broadcast_object_fn",
     "allgather_object",
 ]
 
@@ -69,6 +70,19 @@ class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
     """Return `root_rank`'s picklable `obj` on every rank. `session` is accepted for Horovod."""
     return core.broadcast_object(obj, root_rank, name=name, process_set=process_set)
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Return a function that broadcasts its picklable argument from `root_rank`.
+
+    Horovod builds placeholders and runs them in `session` (TF1); here the returned function
+    calls broadcast_object, so it needs no session and works eagerly and in graphs alike.
+    """
+
+    def broadcast_one(obj):
+        return core.broadcast_object(obj, root_rank, name=name, process_set=process_set)
+
+    return broadcast_one
 
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set) -> list:

@@ -2,19 +2,26 @@
 
 All dense gradients of one step go to the engine in one op, as one fused buffer per dtype.
 `tf.IndexedSlices` (embedding gradients) are all-gathered, as Horovod does, unless
-`sparse_as_dense=True` makes them dense first. horovodlite.keras uses GradientReducer on the
-tensorflow backend, so this module must not import horovodlite.keras.
+`sparse_as_dense=True` makes them dense first. Gradients of registered worker-local sources
+(`register_local_source`, PartialDistributedGradientTape's `local_layers`) stay on their rank.
+horovodlite.keras uses GradientReducer on the tensorflow backend, so this module must not import
+horovodlite.keras.
 """
 
 import tensorflow as tf
 from horovodlite.ops import ReduceOp
 from horovodlite.process_sets import global_process_set
-from horovodlite.training import ReductionSettings, reduce_gradients
+from horovodlite.training import (
+    LocalVariables,
+    ReductionSettings,
+    layer_variables,
+    reduce_gradients,
+)
 
 from .compression import Compression
 from .mpi_ops import grouped_allreduce
 
-__all__ = ["GradientReducer", "DistributedGradientTape"]
+__all__ = ["GradientReducer", "DistributedGradientTape", "PartialDistributedGradientTape"]
 
 
 class GradientReducer:
@@ -23,11 +30,13 @@ class GradientReducer:
     def __init__(self, settings: ReductionSettings):
         self.settings = settings
 
-    def __call__(self, grads) -> list:
-        """Return `grads` all-reduced, in order."""
+    def __call__(self, grads, local=None) -> list:
+        """Return `grads` all-reduced, in order; those flagged in `local` stay on this rank."""
         if self.settings.sparse_as_dense:
             grads = [_dense(g) for g in grads]
-        return reduce_gradients(grads, self.settings, reduce=self._reduce, scale=_scaled)
+        return reduce_gradients(
+            grads, self.settings, reduce=self._reduce, scale=_scaled, local=local
+        )
 
     def _reduce(self, tensors: list) -> list:
         return grouped_allreduce(
@@ -62,7 +71,10 @@ def DistributedGradientTape(
     """Return `gradtape` as a tape whose gradient() all-reduces the gradients it computes.
 
     The result is an instance of a subclass of the tape's own class sharing its recording, so
-    it can wrap a tape after (or before) the `with` block.
+    it can wrap a tape after (or before) the `with` block. Its `register_local_source(var)`
+    keeps `var`'s gradient on this rank (not all-reduced; divided by the process set's size if
+    `scale_local_gradients`), and `get_local_and_global_gradients(target, sources)` returns the
+    `(source, gradient)` pairs of the local sources and of the others.
 
     Raises:
         ValueError, TypeError, NotImplementedError: a bad argument (see ReductionSettings).
@@ -76,19 +88,82 @@ def DistributedGradientTape(
             num_groups=num_groups,
             groups=groups,
             process_set=process_set,
+            scale_local_gradients=bool(scale_local_gradients),
         )
     )
     base = type(gradtape)
 
     class _DistributedGradientTape(base):
-        def gradient(self, target, sources, output_gradients=None, **kwargs):
+        def register_local_source(self, source):
+            """Keep the gradient of `source` (a variable) on this rank: it is not all-reduced."""
+            self._horovodlite_local.add(source)
+
+        def gradient(
+            self, target, sources, output_gradients=None, use_generic_names=False, **kwargs
+        ):
             grads = super().gradient(target, sources, output_gradients, **kwargs)
             flat = tf.nest.flatten(grads, expand_composites=False)
-            return tf.nest.pack_sequence_as(grads, self._horovodlite_reduce(flat))
+            local = None
+            if len(self._horovodlite_local):
+                local = self._horovodlite_local.mask(tf.nest.flatten(sources))
+            return tf.nest.pack_sequence_as(grads, self._horovodlite_reduce(flat, local=local))
+
+        def get_local_and_global_gradients(
+            self, target, sources, output_gradients=None, use_generic_names=False
+        ):
+            """Return `([(source, grad)] of the local sources, [(source, grad)] of the rest)`."""
+            sources = tf.nest.flatten(sources)
+            grads = self.gradient(target, sources, output_gradients)
+            pairs = list(zip(sources, grads))
+            local = [pair for pair in pairs if pair[0] in self._horovodlite_local]
+            return local, [pair for pair in pairs if pair[0] not in self._horovodlite_local]
 
     _DistributedGradientTape.__name__ = base.__name__
     _DistributedGradientTape.__qualname__ = base.__qualname__
     tape = object.__new__(_DistributedGradientTape)
     tape.__dict__.update(gradtape.__dict__)
     tape._horovodlite_reduce = reducer
+    tape._horovodlite_local = LocalVariables()
+    return tape
+
+
+def PartialDistributedGradientTape(
+    gradtape,
+    device_dense="",
+    device_sparse="",
+    compression=Compression.none,
+    sparse_as_dense=False,
+    op=ReduceOp.AVERAGE,
+    gradient_predivide_factor=1.0,
+    num_groups=0,
+    groups=None,
+    process_set=global_process_set,
+    local_layers=None,
+    scale_local_gradients=True,
+):
+    """Return DistributedGradientTape(gradtape, ...) with the variables of `local_layers` local.
+
+    The trainable weights of the Keras layers in `local_layers` (a layer or a list of layers)
+    are registered with `register_local_source`: their gradients are not all-reduced.
+
+    Raises:
+        TypeError: an entry of `local_layers` is not a Keras layer.
+        ValueError, NotImplementedError: a bad argument (see ReductionSettings).
+    """
+    local_variables = layer_variables(local_layers)
+    tape = DistributedGradientTape(
+        gradtape,
+        device_dense,
+        device_sparse,
+        compression,
+        sparse_as_dense,
+        op,
+        gradient_predivide_factor,
+        num_groups,
+        groups,
+        process_set,
+        scale_local_gradients,
+    )
+    for variable in local_variables:
+        tape.register_local_source(variable)
     return tape

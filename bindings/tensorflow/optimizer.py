@@ -7,22 +7,45 @@ builds on this package's ops and gradients modules, never on this one.
 import tensorflow as tf
 from horovodlite.ops import ReduceOp
 from horovodlite.process_sets import global_process_set
-from horovodlite.training import ReductionSettings
+from horovodlite.training import LocalVariables, ReductionSettings
 
 from .compression import Compression
+from .gradient_aggregation import GradientAggregator
 from .gradients import GradientReducer
 
 __all__ = ["DistributedOptimizer"]
 
 
 class _DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
-    """A tf.compat.v1.train.Optimizer whose compute_gradients() all-reduces the gradients."""
+    """A tf.compat.v1.train.Optimizer whose compute_gradients() all-reduces the gradients.
 
-    def __init__(self, optimizer, *, name, use_locking: bool, reducer: GradientReducer):
+    With backward_passes_per_step > 1 a GradientAggregator accumulates them in the graph and
+    all-reduces every n-th pass, and apply_gradients() applies on those passes only.
+    """
+
+    def __init__(
+        self,
+        optimizer,
+        *,
+        name,
+        use_locking: bool,
+        reducer: GradientReducer,
+        average_aggregated_gradients: bool,
+    ):
         self._optimizer, self._reducer = optimizer, reducer
-        super().__init__(
-            name=name or f"Distributed{type(optimizer).__name__}", use_locking=use_locking
-        )
+        name = name or f"Distributed{type(optimizer).__name__}"
+        super().__init__(name=name, use_locking=use_locking)
+        self._local = LocalVariables()
+        passes = reducer.settings.backward_passes_per_step
+        self._aggregator = None
+        if passes > 1:
+            self._aggregator = GradientAggregator(
+                passes, reducer, average=average_aggregated_gradients, name=name
+            )
+
+    def register_local_var(self, var):
+        """Keep the gradient of `var` on this rank: it is not all-reduced (Horovod 0.28)."""
+        self._local.add(var)
 
     def compute_gradients(self, *args, **kwargs):
         """Compute the gradients with the wrapped optimizer, then all-reduce them."""
@@ -30,11 +53,23 @@ class _DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
         if not pairs:
             return pairs
         grads, variables = zip(*pairs)
-        return list(zip(self._reducer(list(grads)), variables))
+        local = self._local.mask(variables) if len(self._local) else None
+        if self._aggregator is not None:
+            reduced = self._aggregator.compute_gradients(grads, variables, local=local)
+        else:
+            reduced = self._reducer(list(grads), local=local)
+        return list(zip(reduced, variables))
 
-    def apply_gradients(self, *args, **kwargs):
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         """Apply the (all-reduced) gradients with the wrapped optimizer."""
-        return self._optimizer.apply_gradients(*args, **kwargs)
+        if self._aggregator is None:
+            return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+        grads_and_vars = list(grads_and_vars)
+        return self._aggregator.apply_gradients(
+            lambda: self._optimizer.apply_gradients(grads_and_vars, global_step, name),
+            [grad for grad, _ in grads_and_vars],
+            global_step,
+        )
 
     def get_slot(self, *args, **kwargs):
         return self._optimizer.get_slot(*args, **kwargs)
@@ -67,20 +102,16 @@ def DistributedOptimizer(
 
     A Keras optimizer is wrapped by horovodlite.keras, as its DistributedOptimizer would with
     the same arguments. For a TF1 optimizer, `minimize()` and `compute_gradients()` return
-    all-reduced gradients.
+    all-reduced gradients; with backward_passes_per_step = n > 1 (in a TF1 graph) they are
+    accumulated locally and all-reduced on every n-th run, when apply_gradients() applies them
+    (their sum, or their mean with average_aggregated_gradients). `register_local_var(var)`
+    keeps a variable's gradient on its rank.
 
     Raises:
-        ValueError: backward_passes_per_step > 1 with a TF1 optimizer (accumulate the gradients
-            yourself, or use a Keras optimizer, which supports it), or another bad argument (see
-            ReductionSettings).
+        ValueError, NotImplementedError: a bad argument (see ReductionSettings).
         TypeError: `optimizer` is neither kind.
     """
     v1 = isinstance(optimizer, tf.compat.v1.train.Optimizer)
-    if v1 and backward_passes_per_step != 1:
-        raise ValueError(
-            "backward_passes_per_step > 1 is supported for Keras optimizers only; with a "
-            "tf.compat.v1.train optimizer, accumulate the gradients before apply_gradients"
-        )
     settings = ReductionSettings(
         compression=compression,
         sparse_as_dense=sparse_as_dense,
@@ -90,11 +121,15 @@ def DistributedOptimizer(
         num_groups=num_groups,
         groups=groups,
         process_set=process_set,
+        scale_local_gradients=bool(scale_local_gradients),
     )
     if v1:
-        reducer = GradientReducer(settings)
         return _DistributedOptimizerV1(
-            optimizer, name=name, use_locking=use_locking, reducer=reducer
+            optimizer,
+            name=name,
+            use_locking=use_locking,
+            reducer=GradientReducer(settings),
+            average_aggregated_gradients=average_aggregated_gradients,
         )
     # Imported here: Keras is optional for TF1 users and slow to import, and horovodlite.keras
     # imports this package's ops and gradients modules, so it loads only once this package has.

@@ -5,12 +5,14 @@ keep only the glue to their framework (casts, tensors, hooks) and take the rest 
 `common` (the core names every binding re-exports) is imported by the bindings themselves.
 """
 
-from . import compression, grouping, reduction
+from . import compression, grouping, locality, reduction
 from .compression import *  # noqa: F403
 from .grouping import *  # noqa: F403
+from .locality import *  # noqa: F403
 from .reduction import *  # noqa: F403
 
 __all__ = []
 __all__ += compression.__all__
 __all__ += reduction.__all__
 __all__ += grouping.__all__
+__all__ += locality.__all__

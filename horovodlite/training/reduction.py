@@ -8,6 +8,7 @@ training, pipelines) take the same object, so an argument is checked and scaled 
 """
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 from ..ops import ReduceOp, resolve_op
@@ -68,6 +69,8 @@ class ReductionSettings:
             in `groups` is a count, as in Horovod); give at most one. See `grouping`.
         sparse_as_dense: reduce sparse gradients as dense tensors.
         process_set: the ranks that reduce (None is the global set).
+        scale_local_gradients: divide the gradients of worker-local variables, which are not
+            reduced, by the process set's size (see `locality`).
 
     Raises:
         NotImplementedError: op is Adasum.
@@ -87,6 +90,7 @@ class ReductionSettings:
     groups: Any = None
     sparse_as_dense: bool = False
     process_set: Optional[ProcessSet] = global_process_set
+    scale_local_gradients: bool = True
 
     def __post_init__(self):
         op = resolve_op(self.op, None)
@@ -184,6 +188,7 @@ def reduce_gradients(
     *,
     reduce: Callable[[list], list],
     scale: Callable[[Any, float], Any],
+    local: Optional[Sequence[bool]] = None,
 ) -> list:
     """Return `grads` reduced as `settings` say; entries that are None stay None.
 
@@ -195,9 +200,15 @@ def reduce_gradients(
         settings: how to reduce them.
         reduce: the binding's all-reduce of a list of tensors (none of them None).
         scale: `scale(tensor, factor)` multiplies a tensor by a float, in the framework.
+        local: for each gradient, whether its variable is worker-local: such a gradient is not
+            reduced, only scaled by `extra_postscale` and divided by the process set's size if
+            `settings.scale_local_gradients`.
     """
     grads = list(grads)
-    present = [i for i, grad in enumerate(grads) if grad is not None]
+    local = [False] * len(grads) if local is None else list(local)
+    if len(local) != len(grads):
+        raise ValueError(f"expected one local flag per gradient ({len(grads)}), got {len(local)}")
+    present = [i for i, grad in enumerate(grads) if grad is not None and not local[i]]
     tensors = [grads[i] for i in present]
     if settings.alone():
         factor = settings.prescale_factor * settings.postscale_factor
@@ -206,4 +217,13 @@ def reduce_gradients(
         reduced = reduce(tensors)
     for i, grad in zip(present, reduced):
         grads[i] = grad
+    if any(local):
+        # extra_postscale belongs to every gradient (it turns Keras' mean of accumulated
+        # passes into Horovod's sum); the reduce's own scaling does not apply to local ones.
+        factor = settings.extra_postscale
+        if settings.scale_local_gradients:
+            factor /= settings.process_set.size()
+        for i, grad in enumerate(grads):
+            if local[i] and grad is not None and factor != 1.0:
+                grads[i] = scale(grad, factor)
     return grads

@@ -294,3 +294,82 @@ def test_arguments_are_checked_before_any_communication():
         )
     with pytest.raises(ValueError, match="Average or Sum"):
         hvd.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Max)
+    with pytest.raises(ValueError, match="legacy_opts"):
+        hvd.load_model("unused.keras", legacy_opts=True)
+    with pytest.raises(TypeError, match="local_layers"):
+        hvd.PartialDistributedOptimizer(keras.optimizers.SGD(), local_layers=[object()])
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="Horovod's path is TensorFlow's")
+def test_horovods_keras_module_path_is_the_same_api():
+    import horovodlite.tensorflow.keras as tf_hvd
+    import horovodlite.tensorflow.keras.callbacks as tf_callbacks
+
+    assert tf_hvd.DistributedOptimizer is hvd.DistributedOptimizer
+    assert tf_callbacks.MetricAverageCallback is hvd.callbacks.MetricAverageCallback
+    assert tf_hvd.callbacks.BroadcastGlobalVariablesCallback is (
+        hvd.callbacks.BroadcastGlobalVariablesCallback
+    )
+    assert set(tf_hvd.__all__) == set(hvd.__all__)
+    total = tf_hvd.allreduce(np.full(2, float(hvd.rank())), op=tf_hvd.Sum)
+    n = hvd.size()
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(total), np.full(2, n * (n - 1) / 2))
+
+
+def _two_layers():
+    shared, local = keras.layers.Dense(1, use_bias=False), keras.layers.Dense(1, use_bias=False)
+    shared.build((None, 2))
+    local.build((None, 2))
+    return shared, local
+
+
+def test_partial_distributed_optimizer_keeps_local_layers_local():
+    r, n = hvd.rank(), hvd.size()
+    shared, local = _two_layers()
+    variables = [shared.kernel, local.kernel]
+    start = [keras.ops.convert_to_numpy(v.value) for v in variables]
+    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=[local])
+    grads = [keras.ops.convert_to_tensor(np.full((2, 1), r + 1.0, np.float32))] * 2
+    opt.apply(grads, variables)
+    got = [keras.ops.convert_to_numpy(v.value) for v in variables]
+    np.testing.assert_allclose(got[0], start[0] - (n + 1) / 2, rtol=1e-6)  # averaged
+    np.testing.assert_allclose(got[1], start[1] - (r + 1) / n, rtol=1e-6)  # local, scaled
+    # register_local_var on a DistributedOptimizer, without the scaling.
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), scale_local_gradients=False)
+    opt.register_local_var(local.kernel)
+    opt.apply(grads, variables)
+    again = [keras.ops.convert_to_numpy(v.value) for v in variables]
+    np.testing.assert_allclose(again[1], got[1] - (r + 1), rtol=1e-6)
+
+
+def test_local_variables_with_backward_passes_per_step():
+    r, n = hvd.rank(), hvd.size()
+    shared, local = _two_layers()
+    variables = [shared.kernel, local.kernel]
+    start = [keras.ops.convert_to_numpy(v.value) for v in variables]
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2)
+    opt.register_local_var(local.kernel)
+    grads = [keras.ops.convert_to_tensor(np.full((2, 1), r + 1.0, np.float32))] * 2
+    opt.apply(grads, variables)
+    opt.apply(grads, variables)
+    got = [keras.ops.convert_to_numpy(v.value) for v in variables]
+    # The sum of the two passes: averaged over the ranks, or this rank's divided by the size.
+    np.testing.assert_allclose(got[0], start[0] - (n + 1), rtol=1e-6)
+    np.testing.assert_allclose(got[1], start[1] - 2 * (r + 1) / n, rtol=1e-6)
+
+
+def test_broadcast_callback_leaves_local_variables_alone():
+    model = _model(seed=200 + hvd.rank())  # different initial weights on every rank
+    mine = model.layers[0].kernel
+    before = keras.ops.convert_to_numpy(mine.value)
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.0)), "mse")
+    callback = hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[mine])
+    x, y = np.ones((4, 6), np.float32), np.ones((4, 1), np.float32)
+    model.fit(x, y, batch_size=4, verbose=0, callbacks=[callback])
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(mine.value), before)  # lr 0
+    others = [keras.ops.convert_to_numpy(v.value) for v in model.variables if v is not mine]
+    assert _same_everywhere(others)
+    if hvd.size() > 1:
+        assert not _same_everywhere([before])
+    with pytest.raises(TypeError, match="local_variables"):
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[1.0])

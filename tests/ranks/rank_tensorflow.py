@@ -413,9 +413,147 @@ def test_monitored_training_session_with_the_broadcast_hook():
 def test_distributed_optimizer_validates_before_communicating():
     with pytest.raises(ValueError, match="backward_passes_per_step"):
         hvd.DistributedOptimizer(
-            tf1.train.GradientDescentOptimizer(0.1), backward_passes_per_step=2
+            tf1.train.GradientDescentOptimizer(0.1), backward_passes_per_step=0
         )
+    with pytest.raises(TypeError, match="local_layers"):
+        hvd.PartialDistributedGradientTape(tf.GradientTape(), local_layers=[object()])
     with pytest.raises(TypeError, match="DistributedOptimizer wraps"):
         hvd.DistributedOptimizer(object())
     with pytest.raises(ValueError, match="gradient_predivide_factor"):
         hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Sum, gradient_predivide_factor=2.0)
+
+
+# -- worker-local variables, TF1 gradient aggregation, SyncBatchNormalization ----------------
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_register_local_source_keeps_its_gradient_on_the_rank(mode):
+    r, n = hvd.rank(), hvd.size()
+    w, v, u = tf.Variable(1.0), tf.Variable(2.0), tf.Variable(3.0)
+
+    def grads(scale_local):
+        with tf.GradientTape() as tape:
+            loss = (r + 1.0) * (w + v + u)
+        tape = hvd.DistributedGradientTape(tape, scale_local_gradients=scale_local)
+        tape.register_local_source(v)
+        tape.register_local_source(u)
+        local, shared = tape.get_local_and_global_gradients(loss, [w, v, u])
+        assert [s is v for s, _ in local] == [True, False] and shared[0][0] is w
+        return [g for _, g in shared + local]
+
+    run = grads if mode == "eager" else tf.function(grads)
+    # w is averaged; v and u keep this rank's gradient, divided by the size by default.
+    np.testing.assert_allclose([g.numpy() for g in run(True)], [(n + 1) / 2] + [(r + 1) / n] * 2)
+    np.testing.assert_allclose([g.numpy() for g in run(False)], [(n + 1) / 2] + [r + 1.0] * 2)
+
+
+def test_partial_distributed_gradient_tape_keeps_local_layers_local():
+    r, n = hvd.rank(), hvd.size()
+    shared_layer, local_layer = tf.keras.layers.Dense(1), tf.keras.layers.Dense(1)
+    x = tf.fill([2, 3], r + 1.0)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(shared_layer(x) + local_layer(x))
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=local_layer)
+    variables = shared_layer.trainable_weights + local_layer.trainable_weights
+    kernel, bias, local_kernel, local_bias = tape.gradient(loss, variables)
+    np.testing.assert_allclose(kernel.numpy(), np.full((3, 1), n + 1.0))  # mean of 2 (r + 1)
+    np.testing.assert_allclose(bias.numpy(), [2.0])
+    np.testing.assert_allclose(local_kernel.numpy(), np.full((3, 1), 2 * (r + 1.0) / n))
+    np.testing.assert_allclose(local_bias.numpy(), [2.0 / n])
+
+
+def test_tf1_optimizer_register_local_var():
+    r, n = hvd.rank(), hvd.size()
+
+    def build():
+        w, v = tf1.Variable(0.0), tf1.Variable(0.0)
+        opt = hvd.DistributedOptimizer(tf1.train.GradientDescentOptimizer(1.0))
+        opt.register_local_var(v)
+        with tf.control_dependencies([opt.minimize((r + 1.0) * (w + v))]):
+            return w.read_value(), v.read_value()
+
+    w, v = _in_graph(build)
+    np.testing.assert_allclose([w, v], [-(n + 1) / 2, -(r + 1) / n])
+
+
+@pytest.mark.parametrize("average", [False, True])
+def test_tf1_backward_passes_per_step_aggregates_locally(average):
+    # Two passes per update: each update applies the all-reduced sum (or mean) of the ranks'
+    # accumulated gradients, as one process would with the combined batch; global_step counts
+    # every pass, as in Horovod.
+    n, b, passes, updates = hvd.size(), 2, 2, 2
+    rng = np.random.default_rng(13)
+    x = rng.normal(size=(updates, passes, n, b, 5)).astype(np.float32)
+    y = rng.normal(size=(updates, passes, n, b, 1)).astype(np.float32)
+    init = np.random.default_rng(3).normal(size=(5, 1)).astype(np.float32)
+    r = hvd.rank()
+    graph = tf.Graph()
+    with graph.as_default():
+        xb, yb = tf1.placeholder(tf.float32, [None, 5]), tf1.placeholder(tf.float32, [None, 1])
+        w = tf1.Variable(init)
+        step = tf1.train.get_or_create_global_step()
+        opt = hvd.DistributedOptimizer(
+            tf1.train.MomentumOptimizer(0.1, momentum=0.5),
+            backward_passes_per_step=passes,
+            average_aggregated_gradients=average,
+        )
+        train_op = opt.minimize(tf.reduce_mean((tf.matmul(xb, w) - yb) ** 2), global_step=step)
+        with tf1.Session() as session:
+            session.run([tf1.global_variables_initializer(), tf1.local_variables_initializer()])
+            seen = []
+            for u in range(updates):
+                for p in range(passes):
+                    session.run(train_op, {xb: x[u, p, r], yb: y[u, p, r]})
+                    seen.append(session.run(w))
+            got, global_step = session.run([w, step])
+    assert global_step == updates * passes
+    np.testing.assert_array_equal(seen[0], init)  # nothing applied on the first pass
+    # One process: the gradient of each pass's mean loss is the mean over the ranks; the
+    # update applies the sum over the passes (or their mean).
+    expected, velocity = init.astype(np.float64), 0.0
+    for u in range(updates):
+        grad = 0.0
+        for p in range(passes):
+            xs, ys = x[u, p].reshape(-1, 5), y[u, p].reshape(-1, 1)
+            grad = grad + 2 * xs.T @ (xs @ expected - ys) / len(xs)
+        if average:
+            grad = grad / passes
+        velocity = 0.5 * velocity + grad
+        expected = expected - 0.1 * velocity
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert _same_everywhere(got)
+
+
+def test_sync_batch_normalization_uses_the_global_batch():
+    # Ranks hold batches of different sizes: the statistics are those of the concatenation.
+    r, n = hvd.rank(), hvd.size()
+    rng = np.random.default_rng(21)
+    batches = [rng.normal(size=(k + 2, 3)).astype(np.float32) * (k + 1) for k in range(n)]
+    layer = hvd.SyncBatchNormalization(momentum=0.5)
+    reference = tf.keras.layers.BatchNormalization(momentum=0.5)
+    x = tf.constant(batches[r])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        out = layer(x, training=True)
+        loss = tf.reduce_sum(out * tf.range(1.0, 4.0))
+    grad = tape.gradient(loss, x)
+    everything = tf.constant(np.concatenate(batches))
+    with tf.GradientTape() as tape:
+        tape.watch(everything)
+        want = reference(everything, training=True)
+        want_loss = tf.reduce_sum(want * tf.range(1.0, 4.0))
+    want_grad = tape.gradient(want_loss, everything)
+    rows = slice(sum(k + 2 for k in range(r)), sum(k + 2 for k in range(r + 1)))
+    np.testing.assert_allclose(out.numpy(), want.numpy()[rows], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(grad.numpy(), want_grad.numpy()[rows], rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), reference.moving_mean.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(
+        layer.moving_variance.numpy(), reference.moving_variance.numpy(), rtol=1e-4
+    )
+    with pytest.raises(ValueError, match="fused"):
+        hvd.SyncBatchNormalization(fused=True)
+
+
+def test_broadcast_object_fn():
+    broadcast = hvd.broadcast_object_fn(root_rank=hvd.size() - 1)
+    assert broadcast({"rank": hvd.rank()}) == {"rank": hvd.size() - 1}
