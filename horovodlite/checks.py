@@ -9,11 +9,13 @@ import operator
 
 import numpy as np
 
+from .algorithms import ADASUM_DTYPES, is_power_of_two
 from .buffers import array_module, as_array
 from .ops import ReduceOp
 from .process_sets import communicator, global_process_set
 
 __all__ = [
+    "check_adasum",
     "check_reduction",
     "check_writable",
     "check_rows",
@@ -24,15 +26,37 @@ __all__ = [
 ]
 
 
-def check_reduction(array, op: ReduceOp, prescale: float, postscale: float) -> None:
-    """Raise if `op` with these scale factors cannot reduce `array`."""
+def check_reduction(
+    array, op: ReduceOp, prescale: float, postscale: float, size: int, what: str = "allreduce"
+) -> None:
+    """Raise if `op` with these scale factors cannot reduce `array` over `size` ranks in `what`."""
     if op == ReduceOp.ADASUM:
-        raise NotImplementedError("Adasum is not implemented in horovodlite: use Average or Sum")
+        check_adasum(array, size, what)
     if array.dtype == np.bool_:
         if op == ReduceOp.AVERAGE:
             raise TypeError("Average of bool arrays is undefined: use Sum (or) or Min (and)")
         if prescale != 1.0 or postscale != 1.0:
             raise TypeError("bool arrays cannot be scaled: drop prescale/postscale_factor")
+
+
+def check_adasum(array, size: int, what: str = "allreduce") -> None:
+    """Raise if Adasum cannot reduce `array` over `size` ranks in the collective `what`."""
+    if what != "allreduce":
+        raise NotImplementedError(
+            f"{what} does not support op=Adasum (nor does Horovod): use allreduce(op=Adasum), "
+            "or op=Average or Sum"
+        )
+    if array.dtype not in ADASUM_DTYPES:
+        raise TypeError(
+            f"Adasum combines floating-point vectors, got dtype {array.dtype}: use float16, "
+            "bfloat16, float32 or float64, or op=Sum"
+        )
+    if not is_power_of_two(size):
+        raise ValueError(
+            f"Adasum needs a power-of-two number of ranks (1, 2, 4, 8, ...), but the process "
+            f"set has {size}: run on a power of two, reduce over a process set of that size, "
+            "or use op=Average"
+        )
 
 
 def check_writable(array, what: str) -> None:

@@ -69,7 +69,9 @@ def allreduce_plan(
     Args:
         tensor: a numpy array, a CuPy array, or any array with the buffer protocol,
             `__cuda_array_interface__` or DLPack. Same shape and dtype on every rank.
-        op: Average (default), Sum, Min, Max or Product. Average of integers truncates.
+        op: Average (default), Sum, Min, Max, Product or Adasum. Average of integers
+            truncates. Adasum (docs/adasum.md) takes float16, bfloat16, float32 or float64 on
+            a power-of-two number of ranks, and runs its own algorithm whatever `algorithm` says.
         name: a name for error messages (and, in async use, for matching across ranks).
         prescale_factor: multiplies each rank's input before the reduction.
         postscale_factor: multiplies the result (after Average's division).
@@ -88,7 +90,7 @@ def allreduce_plan(
 
     def parse():
         resolved = resolve_op(op, average)
-        check_reduction(array, resolved, prescale_factor, postscale_factor)
+        check_reduction(array, resolved, prescale_factor, postscale_factor, comm.size)
         if inplace:
             check_writable(array, "allreduce_")
         return resolved, algorithms.requested_algorithm(algorithm, settings.allreduce_algorithm)
@@ -203,7 +205,9 @@ def reducescatter_plan(
     def parse():
         resolved = resolve_op(op, None)
         check_rows(array, "reducescatter")
-        check_reduction(array, resolved, prescale_factor, postscale_factor)
+        check_reduction(
+            array, resolved, prescale_factor, postscale_factor, comm.size, "reducescatter"
+        )
         requested = algorithms.requested_algorithm(algorithm, settings.allreduce_algorithm)
         if requested not in (None, *algorithms.REDUCESCATTER):
             raise ValueError(

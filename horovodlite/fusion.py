@@ -5,6 +5,8 @@ buffer, runs one algorithm on it, and hands each caller its part. A single all-r
 case of one entry, so the synchronous call and the engine's fused batches run the same code.
 """
 
+import functools
+import itertools
 from contextlib import nullcontext
 
 import numpy as np
@@ -86,10 +88,17 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
                 buf[offset : offset + part.size] = part
                 offset += part.size
         synchronize_device(module)
-    chosen = algorithms.choose(first.requested, algorithms.ALLREDUCE, buf.nbytes, dtype, module)
+    if first.op == ReduceOp.ADASUM:
+        # Adasum's dot products are per tensor, as Horovod's: the buffer travels fused, and
+        # each entry's part is combined by its own angle.
+        chosen, bounds = "adasum", _bounds(entries)
+        run = functools.partial(algorithms.adasum_allreduce, parts=bounds)
+    else:
+        chosen = algorithms.choose(first.requested, algorithms.ALLREDUCE, buf.nbytes, dtype, module)
+        run = algorithms.ALLREDUCE[chosen]
     with span(f"ALLREDUCE_{chosen.upper()}"):
         scale(module, buf, first.prescale)
-        algorithms.ALLREDUCE[chosen](comm, buf, first.op, module, segment_bytes)
+        run(comm, buf, first.op, module, segment_bytes)
         divisor = comm.size if first.op == ReduceOp.AVERAGE else 1
         scale(module, buf, first.postscale / divisor)
     if len(entries) == 1:
@@ -104,6 +113,12 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
             own = part if entry.inplace or fresh else part.copy()
             results.append(deliver(own, entry.array, xp, entry.inplace))
     return results
+
+
+def _bounds(entries: list) -> tuple:
+    """Return the (start, stop) offsets of `entries` in their fusion buffer."""
+    stops = list(itertools.accumulate(entry.array.size for entry in entries))
+    return tuple(zip([0, *stops[:-1]], stops))
 
 
 def fused_by_kind(comm, entries: list, segment_bytes: int) -> list:

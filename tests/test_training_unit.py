@@ -21,6 +21,7 @@ from horovodlite.training import (
     reduce_kwargs,
     run_per_dtype,
 )
+from horovodlite.training.updates import combine_updates, combines_updates
 
 # numpy as a framework: what a binding states about its casts. Module-level, so pickle finds
 # the classes under the names compression_namespace is told they have.
@@ -85,8 +86,8 @@ def test_settings_grouping():
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        ({"op": hvd.Adasum}, NotImplementedError, "Adasum is not implemented"),
-        ({"op": hvd.Max}, ValueError, "Average or Sum, got op=MAX"),
+        ({"op": hvd.Max}, ValueError, "Average, Sum or Adasum, got op=MAX"),
+        ({"op": hvd.Adasum, "gradient_predivide_factor": 2.0}, ValueError, "only applies to op"),
         ({"op": "nonsense"}, ValueError, "unknown reduce op"),
         ({"op": hvd.Sum, "gradient_predivide_factor": 2.0}, ValueError, "only applies to op=Av"),
         ({"gradient_predivide_factor": 0.0}, ValueError, "must be > 0"),
@@ -104,6 +105,40 @@ def test_settings_grouping():
 def test_settings_refuse_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         ReductionSettings(**kwargs)
+
+
+def test_adasum_settings_and_the_update_step():
+    settings = ReductionSettings(op="adasum")
+    assert settings.reduce_kwargs["op"] == hvd.Adasum
+    assert settings.prescale_factor == settings.postscale_factor == 1.0
+    # A DistributedOptimizer combines updates only with Adasum among two or more ranks.
+    assert combines_updates(ReductionSettings(op=hvd.Adasum, process_set=_Set(2)))
+    assert not combines_updates(ReductionSettings(op=hvd.Adasum, process_set=_Set(1)))
+    assert not combines_updates(ReductionSettings(process_set=_Set(2)))
+    with pytest.raises(ValueError, match="power-of-two number of ranks .* has 3"):
+        combines_updates(ReductionSettings(op=hvd.Adasum, process_set=_Set(3)))
+    params = [np.array([1.0, 2.0]), np.array([5.0])]
+    calls = []
+
+    def step():
+        calls.append("step")
+        params[0] -= 0.5
+        return "loss"
+
+    def reduce(updates):
+        calls.append([u.tolist() for u in updates])
+        return [2 * u for u in updates]  # stands in for the Adasum of the ranks' updates
+
+    def assign(param, start, update):
+        param[...] = start + update
+
+    result = combine_updates(
+        params, step, copy=np.copy, delta=np.subtract, reduce=reduce, assign=assign
+    )
+    assert result == "loss"
+    assert calls == ["step", [[-0.5, -0.5], [0.0]]]  # every parameter takes part, in order
+    np.testing.assert_array_equal(params[0], [0.0, 1.0])
+    np.testing.assert_array_equal(params[1], [5.0])
 
 
 def test_replace_checks_again():

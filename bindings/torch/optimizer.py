@@ -8,6 +8,7 @@ import horovodlite as core
 import torch
 from horovodlite.process_sets import global_process_set
 from horovodlite.training import ReductionSettings, partition
+from horovodlite.training.updates import combine_updates, combines_updates
 
 from .compression import Compression
 from .mpi_ops import (
@@ -35,7 +36,8 @@ class _DistributedMixin:
         self._hvd_should_sync = True
         self._hvd_synchronized = False  # synchronize() called, and no backward() since
         self._hvd_hooks = []
-        if settings.process_set.size() > 1:
+        # With Adasum the gradients stay local: step() combines the updates (_hvd_adasum_step).
+        if settings.process_set.size() > 1 and not combines_updates(settings):
             self._hvd_hooks = [
                 p.register_post_accumulate_grad_hook(self._hvd_gradient_ready)
                 for p in params
@@ -142,6 +144,8 @@ class _DistributedMixin:
             self._hvd_should_sync = True
 
     def step(self, closure=None):
+        if combines_updates(self._hvd_settings):
+            return self._hvd_adasum_step(closure)
         if self._hvd_should_sync:
             if self._hvd_synchronized and not self._hvd_ready and not self._hvd_pending:
                 # Horovod warns too, and all-reduces the gradients a second time; they are
@@ -157,6 +161,36 @@ class _DistributedMixin:
                 self._hvd_synchronize()
         self._hvd_synchronized = False
         return super().step(closure)
+
+    def _hvd_adasum_step(self, closure):
+        """Step on the local gradients, then combine every rank's update with Adasum."""
+        settings, names = self._hvd_settings, self._hvd_names
+        params = [p for p in names if p.requires_grad]
+        step = super().step
+
+        def reduce(updates: list) -> list:
+            # One request per parameter, all started before the first wait: the engine fuses
+            # them, and Adasum still combines each parameter by its own angle.
+            sent = []
+            for param, update in zip(params, updates):
+                wire, ctx = settings.compression.compress(update)
+                name = f"adasum.{names[param]}"
+                handle = allreduce_async_(wire, name=name, **settings.reduce_kwargs)
+                sent.append((handle, ctx))
+            return [settings.compression.decompress(synchronize(h), ctx) for h, ctx in sent]
+
+        def assign(param, start, update) -> None:
+            with torch.no_grad():
+                param.copy_(start.add_(update.to(start.dtype)))
+
+        return combine_updates(
+            params,
+            lambda: step(closure),
+            copy=lambda p: p.detach().clone(),
+            delta=lambda p, start: p.detach() - start,
+            reduce=reduce,
+            assign=assign,
+        )
 
     def zero_grad(self, *args, **kwargs):
         if self._hvd_pending:
@@ -220,7 +254,9 @@ def DistributedOptimizer(
         named_parameters: model.named_parameters(), to name gradients in errors and matching.
         compression: Compression.none, .fp16 or .bf16 for the wire.
         backward_passes_per_step: backward passes accumulated locally per all-reduce.
-        op: Average (default) or Sum.
+        op: Average (default), Sum, or Adasum: each rank then steps on its own gradient and
+            step() combines the ranks' updates with Adasum, as Horovod's Adasum optimizer
+            (docs/adasum.md).
         gradient_predivide_factor: with Average, divide by this before the sum and the rest after.
         num_groups, groups: all-reduce gradients in groups (an int, or lists of parameters).
         sparse_as_dense: all-reduce sparse gradients as dense tensors.

@@ -4,17 +4,24 @@ Each algorithm is a function on a flat contiguous buffer: `allreduce(comm, buf, 
 segment_bytes)` reduces in place; `reducescatter(comm, buf, bounds, op, xp, segment_bytes)` returns
 this rank's chunk. `segment_bytes` (Settings.ring_segment_bytes) caps one message of an algorithm
 that pipelines its chunks; the others send each chunk whole and ignore it.
+
+Adasum (adasum.py) is a reduce op with an algorithm of its own, not a choice among these: the
+fusion code runs it for op=Adasum, whatever algorithm was asked for.
 """
 
+from .adasum import ADASUM_DTYPES, adasum_allreduce, is_power_of_two
 from .naive import naive_allreduce
 from .native import mpi_allreduce, mpi_reducescatter, supports
 from .ring import ring_allreduce, ring_reducescatter
 
 __all__ = [
+    "ADASUM_DTYPES",
     "ALLREDUCE",
     "REDUCESCATTER",
     "SMALL_MESSAGE_BYTES",
+    "adasum_allreduce",
     "choose",
+    "is_power_of_two",
     "requested_algorithm",
 ]
 

@@ -17,9 +17,9 @@ from .compression import NoneCompressor
 
 __all__ = ["ReductionSettings", "reduce_kwargs", "reduce_gradients"]
 
-# Min, Max and Product of gradients mean nothing for training, and sparse gradients (all-gathered,
-# then summed) support only these two.
-_GRADIENT_OPS = (ReduceOp.AVERAGE, ReduceOp.SUM)
+# Min, Max and Product of gradients mean nothing for training. Sparse gradients (all-gathered,
+# then summed) support only Average and Sum; Adasum takes dense ones (docs/adasum.md).
+_GRADIENT_OPS = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM)
 
 
 def reduce_kwargs(
@@ -58,7 +58,7 @@ class ReductionSettings:
     communication; `dataclasses.replace` builds a changed copy and checks it again.
 
     Attributes:
-        op: Average or Sum (anything `resolve_op` takes; stored resolved).
+        op: Average, Sum or Adasum (anything `resolve_op` takes; stored resolved).
         compression: a compression strategy, such as Compression.fp16 of a binding.
         gradient_predivide_factor: with Average, divide each rank's gradient by this before the
             sum and multiply the result by it after, so large fp16 sums do not overflow.
@@ -73,10 +73,9 @@ class ReductionSettings:
             reduced, by the process set's size (see `locality`).
 
     Raises:
-        NotImplementedError: op is Adasum.
-        ValueError: op is not Average or Sum; gradient_predivide_factor with another op or not
-            positive; backward_passes_per_step below 1; num_groups negative; both num_groups
-            and groups.
+        ValueError: op is not Average, Sum or Adasum; gradient_predivide_factor with another op
+            or not positive; backward_passes_per_step below 1; num_groups negative; both
+            num_groups and groups.
         TypeError: backward_passes_per_step not an int; groups neither a count nor a list of
             groups; compression without compress/decompress; process_set not a ProcessSet.
     """
@@ -94,10 +93,8 @@ class ReductionSettings:
 
     def __post_init__(self):
         op = resolve_op(self.op, None)
-        if op == ReduceOp.ADASUM:
-            raise NotImplementedError("Adasum is not implemented in horovodlite: use op=Average")
         if op not in _GRADIENT_OPS:
-            raise ValueError(f"gradients are reduced with Average or Sum, got op={op.name}")
+            raise ValueError(f"gradients are reduced with Average, Sum or Adasum, got op={op.name}")
         if self.gradient_predivide_factor != 1.0 and op != ReduceOp.AVERAGE:
             raise ValueError(
                 "gradient_predivide_factor only applies to op=Average: divide by it before the "

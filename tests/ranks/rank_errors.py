@@ -106,10 +106,10 @@ BAD_ON_ONE_RANK = [
         "root_rank must be an int",
     ),
     (
-        "Adasum",
-        lambda: hvd.allreduce(np.ones(3), op=on_odd(hvd.Adasum, hvd.Sum)),
-        NotImplementedError,
-        "Adasum is not implemented",
+        "Adasum of integers",
+        lambda: hvd.allreduce(np.ones(3, np.int32), op=on_odd(hvd.Adasum, hvd.Sum)),
+        TypeError,
+        "Adasum combines floating-point vectors",
     ),
     (
         "unknown op",
@@ -180,7 +180,7 @@ def test_bad_arguments_on_one_rank(call, error, message):
 @pytest.mark.parametrize(
     "call, error, message",
     [
-        (lambda: hvd.allreduce(np.ones(2), op=hvd.Adasum), NotImplementedError, "use Average"),
+        (lambda: hvd.allreduce(np.ones(2, np.int64), op=hvd.Adasum), TypeError, "or op=Sum"),
         (lambda: hvd.allreduce(np.ones(2, bool)), TypeError, "use Sum (or) or Min (and)"),
         (lambda: hvd.allreduce(np.ones(2, bool), op=hvd.Sum, prescale_factor=2), TypeError,
          "cannot be scaled"),
