@@ -13,7 +13,11 @@ from mpirun import RANK_COUNTS, run_ranks
 RANKS_DIR = pathlib.Path(__file__).parent / "ranks"
 MODULES = sorted(p.name for p in RANKS_DIR.glob("rank_*.py"))
 # TensorFlow takes seconds per rank to import: these modules run at fewer rank counts.
-RANK_COUNTS_FOR = {"rank_keras.py": (2, 3), "rank_tensorflow.py": (2, 3)}
+RANK_COUNTS_FOR = {
+    "rank_keras.py": (2, 3),
+    "rank_tensorflow.py": (2, 3),
+    "rank_adasum_tensorflow.py": (2, 3),
+}
 # Without CuPy every test in rank_gpu.py would skip on every rank: skip the launches instead.
 NO_CUPY = pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="needs CuPy")
 CASES = [

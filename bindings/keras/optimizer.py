@@ -140,7 +140,8 @@ def DistributedOptimizer(
         compression: Compression.none, .fp16 or .bf16: the dtype on the wire.
         sparse_as_dense: all-reduce `tf.IndexedSlices` as dense tensors (tensorflow backend).
         gradient_predivide_factor: with op=Average, divide before the sum and multiply after.
-        op: Average (default) or Sum.
+        op: Average (default), Sum, or Adasum, which combines the ranks' gradients (as
+            Horovod's Keras optimizer; docs/adasum.md) on a power-of-two number of ranks.
         backward_passes_per_step: all-reduce and apply every n-th call, accumulating locally in
             between (Keras' gradient_accumulation_steps).
         average_aggregated_gradients: with n > 1, apply the mean of the n accumulated gradients
@@ -156,7 +157,7 @@ def DistributedOptimizer(
         TypeError: `optimizer` is not a Keras 3 optimizer.
         ValueError: a bad argument, or both gradient_accumulation_steps and
             backward_passes_per_step > 1.
-        NotImplementedError: the Keras backend is neither tensorflow nor torch, or op=Adasum.
+        NotImplementedError: the Keras backend is neither tensorflow nor torch.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(

@@ -8,6 +8,7 @@ import tensorflow as tf
 from horovodlite.ops import ReduceOp
 from horovodlite.process_sets import global_process_set
 from horovodlite.training import LocalVariables, ReductionSettings
+from horovodlite.training.updates import combine_updates, combines_updates
 
 from .compression import Compression
 from .gradient_aggregation import GradientAggregator
@@ -81,6 +82,41 @@ class _DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
         return self._optimizer.variables(*args, **kwargs)
 
 
+class _AdasumOptimizerV1(_DistributedOptimizerV1):
+    """Horovod's Adasum optimizer for TF1: step on the local gradients, combine the updates."""
+
+    def compute_gradients(self, *args, **kwargs):
+        """Compute this rank's gradients: with Adasum they stay local (see apply_gradients)."""
+        return self._optimizer.compute_gradients(*args, **kwargs)
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        """Apply the local gradients, then add to each variable's start the Adasum of updates."""
+        grads_and_vars = list(grads_and_vars)
+        variables = [v for g, v in grads_and_vars if g is not None and v not in self._local]
+        starts, applied, assigned = [], [], []
+
+        def copy(variable):
+            starts.append(tf.identity(variable.read_value()))
+            return starts[-1]
+
+        def step():
+            # In a graph the control dependencies order the reads, the step and the updates.
+            with tf.control_dependencies(starts):
+                applied.append(self._optimizer.apply_gradients(grads_and_vars, global_step, name))
+
+        def delta(variable, start):
+            with tf.control_dependencies([op for op in applied if op is not None]):
+                return variable.read_value() - start
+
+        def assign(variable, start, update):
+            assigned.append(variable.assign(start + update))
+
+        combine_updates(
+            variables, step, copy=copy, delta=delta, reduce=self._reducer, assign=assign
+        )
+        return tf.group(*assigned, *[op for op in applied if op is not None])
+
+
 def DistributedOptimizer(
     optimizer,
     name=None,
@@ -107,6 +143,11 @@ def DistributedOptimizer(
     (their sum, or their mean with average_aggregated_gradients). `register_local_var(var)`
     keeps a variable's gradient on its rank.
 
+    With op=Adasum a TF1 optimizer is Horovod's Adasum optimizer: compute_gradients() returns the
+    local gradients, and apply_gradients() steps on them and then sets each variable to its
+    start plus the Adasum of the ranks' updates. A Keras optimizer reduces its gradients with
+    Adasum instead, as horovodlite.keras does (docs/adasum.md).
+
     Raises:
         ValueError, NotImplementedError: a bad argument (see ReductionSettings).
         TypeError: `optimizer` is neither kind.
@@ -123,6 +164,19 @@ def DistributedOptimizer(
         process_set=process_set,
         scale_local_gradients=bool(scale_local_gradients),
     )
+    if v1 and combines_updates(settings):
+        if backward_passes_per_step != 1:
+            raise ValueError(
+                "op=Adasum with a tf.compat.v1 optimizer steps on each run's local gradients: "
+                "use backward_passes_per_step=1, or a Keras optimizer"
+            )
+        return _AdasumOptimizerV1(
+            optimizer,
+            name=name,
+            use_locking=use_locking,
+            reducer=GradientReducer(settings),
+            average_aggregated_gradients=average_aggregated_gradients,
+        )
     if v1:
         return _DistributedOptimizerV1(
             optimizer,
