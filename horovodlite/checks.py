@@ -5,6 +5,8 @@ not raise at once; `checked()` returns the error for the collective's Plan to ca
 agreement step, where every rank raises it (plan.py).
 """
 
+import math
+import numbers
 import operator
 
 import numpy as np
@@ -32,6 +34,11 @@ def check_reduction(
     """Raise if `op` with these scale factors cannot reduce `array` over `size` ranks in `what`."""
     if op == ReduceOp.ADASUM:
         check_adasum(array, size, what)
+    for which, factor in (("prescale_factor", prescale), ("postscale_factor", postscale)):
+        if not isinstance(factor, numbers.Real):
+            raise TypeError(f"{which} must be a real number, got {type(factor).__name__}")
+        if not math.isfinite(factor):
+            raise ValueError(f"{which} must be a finite number, got {factor}")
     if array.dtype == np.bool_:
         if op == ReduceOp.AVERAGE:
             raise TypeError("Average of bool arrays is undefined: use Sum (or) or Min (and)")

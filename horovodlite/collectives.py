@@ -336,7 +336,8 @@ def _parse_splits(splits, rows: int, size: int) -> np.ndarray:
         return np.full(size, rows // size, dtype=np.int64)
     values = np.asarray(splits)
     if values.dtype.kind not in "iu" and values.size:
-        raise TypeError(f"splits must be integers, got dtype {values.dtype}")
+        # ValueError, as Horovod: a list of floats is a wrong value more than a wrong type.
+        raise ValueError(f"splits must be integers, got dtype {values.dtype}")
     values = values.astype(np.int64).reshape(-1)
     if values.size != size:
         raise ValueError(f"splits has {values.size} entries, expected one per rank ({size})")

@@ -52,8 +52,11 @@ def test_scaled_reductions_round_as_horovod(dtype, op):
     assert torch.equal(grouped, scattered)
 
 
-@pytest.mark.parametrize("op, pre, post", [(hvd.Sum, 1.0, 1.0), (hvd.Average, 1.0, 1.0),
-                                           (hvd.Sum, 0.5, 3.0), (hvd.Average, 2.0, 0.25)])  # fmt: skip
+SCALINGS = [(hvd.Sum, 1.0, 1.0), (hvd.Average, 1.0, 1.0), (hvd.Sum, 0.5, 3.0),
+            (hvd.Average, 2.0, 0.25)]  # fmt: skip
+
+
+@pytest.mark.parametrize("op, pre, post", SCALINGS)
 def test_reducescatter_gradient_is_horovods(op, pre, post):
     r, n = hvd.rank(), hvd.size()
     rows = 2 * n + 1
