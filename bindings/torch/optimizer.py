@@ -28,7 +28,9 @@ class _DistributedMixin:
         self._hvd_settings = settings
         params = [p for group in self.param_groups for p in group["params"]]
         self._hvd_names = _parameter_names(params, named_parameters)
-        self._hvd_groups = partition(params, settings.grouping)
+        # Frozen parameters get no gradient and take no part (the optimizer skips them), as in
+        # Horovod; zeros for them would move them under weight decay or momentum.
+        self._hvd_groups = partition([p for p in params if p.requires_grad], settings.grouping)
         self._hvd_group_of = {p: g for g in self._hvd_groups for p in g}
         self._hvd_counts = {p: 0 for p in params}
         self._hvd_ready: dict = {}  # group -> parameters whose gradient is ready
