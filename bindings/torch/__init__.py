@@ -9,9 +9,10 @@ from .functions import *  # noqa: F403
 from .mpi_ops import *  # noqa: F403
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
+from .zero import ZeroOptimizer
 
 # Its own names, the core's that every binding shares, and all of mpi_ops' and functions'.
-__all__ = ["Compression", "DistributedOptimizer", "SyncBatchNorm"]
+__all__ = ["Compression", "DistributedOptimizer", "SyncBatchNorm", "ZeroOptimizer"]
 __all__ += common.__all__
 __all__ += mpi_ops.__all__
 __all__ += functions.__all__

@@ -1,0 +1,442 @@
+"""ZeroOptimizer: ZeRO stages 1 and 2, the optimizer state (and gradients) sharded over the ranks.
+
+Each rank's wrapped optimizer holds *shard parameters*: views into the model's parameters of the
+elements that rank owns (horovodlite.training.sharding), so its state is about 1/n of the whole
+and its step writes the owned elements in place. Gradients are averaged per bucket as backward
+produces them: all-reduced (stage 1, every rank keeps full gradients) or reduce-scattered
+(stage 2, a rank keeps only its chunk). After the step, the buckets' chunks are all-gathered
+into every rank's parameters.
+"""
+
+import collections
+import math
+
+import horovodlite as core
+import torch
+from horovodlite.process_sets import global_process_set
+from horovodlite.training import ReductionSettings
+from horovodlite.training.sharding import plan_buckets
+
+from .compression import Compression
+from .functions import allgather_object
+from .mpi_ops import (
+    allreduce,
+    allreduce_async_,
+    grouped_allgather_async,
+    reducescatter_async,
+    synchronize,
+)
+from .optimizer import _DistributedMixin, _parameter_names
+
+__all__ = ["ZeroOptimizer"]
+
+# Optimizers whose update of an element depends on that element's gradient and state alone:
+# updating a slice gives the slice of the full update. (LBFGS, or Muon's whole-matrix updates,
+# need the whole parameter.)
+ELEMENTWISE = (
+    torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax, torch.optim.NAdam,
+    torch.optim.RAdam, torch.optim.RMSprop, torch.optim.Adagrad, torch.optim.Adadelta,
+    torch.optim.Rprop, torch.optim.ASGD,
+)  # fmt: skip
+_BUCKET_BYTES = 25 * 1024 * 1024  # as DDP's bucket_cap_mb: large enough to fill the wire
+
+
+class _ZeroMixin:
+    """Methods that a ZeroOptimizer adds in front of the wrapped optimizer's class."""
+
+    def _zero_setup(self, *, names: dict, stage: int, settings, bucket_bytes: int) -> None:
+        self._zero_stage, self._zero_settings = stage, settings
+        process_set = settings.process_set
+        groups = self.param_groups
+        self._zero_params = [p for group in groups for p in group["params"]]
+        self._zero_names = names
+        _check_same_model(self._zero_params, names, process_set)
+        trained = [i for i, p in enumerate(self._zero_params) if p.requires_grad]
+        sizes = [p.numel() for p in self._zero_params]
+        # Buckets in reverse order, roughly the order in which backward produces gradients.
+        order = trained[::-1]
+        plans = plan_buckets(
+            [sizes[i] for i in order],
+            [(self._zero_params[i].dtype, self._zero_params[i].device) for i in order],
+            [self._zero_params[i].element_size() for i in order],
+            bucket_bytes,
+            process_set.size(),
+        )
+        self._zero_buckets = [_remap(b, order) for b in plans]
+        self._zero_bucket_of = {p: b for b, bucket in enumerate(self._zero_buckets)
+                                for p in bucket.params}  # fmt: skip
+        # This rank's shard: a view of each owned run of elements, as a parameter of its own.
+        rank = process_set.rank()
+        self._zero_pieces = [b.pieces(rank, sizes) for b in self._zero_buckets]
+        self._zero_shard = {}  # (bucket, piece index) -> shard parameter
+        shards_of = collections.defaultdict(list)  # parameter index -> its shard parameters
+        for b, pieces in enumerate(self._zero_pieces):
+            for k, piece in enumerate(pieces):
+                full = self._zero_params[piece.param]
+                view = full.detach().view(-1)[piece.start : piece.stop]
+                shard = torch.nn.Parameter(view, requires_grad=True)
+                self._zero_shard[b, k] = shard
+                shards_of[piece.param].append((piece, shard))
+        self._zero_shards_of = shards_of
+        index = {p: i for i, p in enumerate(self._zero_params)}
+        self.param_groups = [
+            {**{k: v for k, v in group.items() if k != "params"},
+             "params": [s for p in group["params"] for _, s in shards_of[index[p]]]}
+            for group in groups
+        ]  # fmt: skip
+        self.state = collections.defaultdict(dict)
+        self._zero_counts = {i: 0 for i in trained}
+        self._zero_ready = collections.defaultdict(set)  # bucket -> parameters whose grad is ready
+        self._zero_pending = {}  # bucket -> (handle, wire, ctx, flat)
+        self._zero_reduced = {}  # bucket -> the reduced gradients this rank steps with
+        self._zero_synchronized = False
+        self._zero_missing = set()  # on one rank: parameters without a gradient this step
+        self._zero_zeroed = set()  # stage 2: parameters whose freed gradient counts as zeros
+        self._zero_hooks = [
+            self._zero_params[i].register_post_accumulate_grad_hook(
+                lambda _, i=i: self._zero_gradient_ready(i)
+            )
+            for i in trained
+        ]
+
+    # -- gradients ----------------------------------------------------------------------------
+
+    def _zero_gradient_ready(self, param: int) -> None:
+        bucket = self._zero_bucket_of[param]
+        if bucket in self._zero_pending:
+            raise core.HorovodLiteError(
+                f"gradient of {self._zero_names[param]!r} was computed more than "
+                f"backward_passes_per_step={self._zero_settings.backward_passes_per_step} times "
+                "before step(): raise backward_passes_per_step to accumulate gradients locally"
+            )
+        self._zero_synchronized = False
+        self._zero_counts[param] += 1
+        if self._zero_counts[param] == self._zero_settings.backward_passes_per_step:
+            ready = self._zero_ready[bucket]
+            ready.add(param)
+            if len(ready) == len(self._zero_buckets[bucket].params):
+                self._zero_submit(bucket)
+
+    def _zero_submit(self, b: int) -> None:
+        self._zero_ready.pop(b, None)
+        bucket, settings = self._zero_buckets[b], self._zero_settings
+        first = self._zero_params[bucket.params[0]]
+        flat = torch.empty(bucket.numel, dtype=first.dtype, device=first.device)
+        for param, offset in zip(bucket.params, bucket.offsets):
+            full = self._zero_params[param]
+            part = flat[offset : offset + full.numel()]
+            if full.grad is None:  # no gradient on this rank: still take part, with zeros
+                part.zero_()
+                # As DistributedOptimizer on one rank: a parameter with no gradient tensor (not
+                # even zeros from zero_grad(set_to_none=False)) is skipped by the step.
+                if settings.process_set.size() == 1 and param not in self._zero_zeroed:
+                    self._zero_missing.add(param)
+            elif full.grad.is_sparse:
+                raise TypeError(
+                    f"ZeroOptimizer needs dense gradients, but {self._zero_names[param]!r} has a "
+                    "sparse one: use nn.Embedding(sparse=False), or DistributedOptimizer"
+                )
+            else:
+                part.copy_(full.grad.view(-1))
+            if self._zero_stage == 2 and full.grad is not None:
+                full.grad = None  # stage 2 keeps only this rank's chunk of the gradients
+                self._zero_zeroed.add(param)  # what zero_grad(set_to_none=False) would zero
+        wire, ctx = settings.compression.compress(flat)
+        name = f"zero.bucket.{b}"
+        if self._zero_stage == 1:
+            handle = allreduce_async_(wire, name=name, op=core.Average,
+                                      process_set=settings.process_set)  # fmt: skip
+        else:
+            handle = reducescatter_async(wire, name=name, op=core.Average,
+                                         process_set=settings.process_set)  # fmt: skip
+        self._zero_pending[b] = (handle, wire, ctx, flat)
+
+    def synchronize(self) -> None:
+        """Wait for every bucket's reduction (submitting those backward did not finish).
+
+        Afterwards each shard parameter's `.grad` is its averaged gradient (and, at stage 1,
+        every parameter's `.grad` the full averaged gradient).
+        """
+        if self._zero_synchronized:  # and no backward() since
+            return
+        for b in range(len(self._zero_buckets)):
+            if b not in self._zero_pending:
+                self._zero_submit(b)
+        decompress = self._zero_settings.compression.decompress
+        for b, (handle, wire, ctx, _) in sorted(self._zero_pending.items()):
+            result = synchronize(handle)
+            bucket = self._zero_buckets[b]
+            if self._zero_stage == 1:
+                reduced = decompress(wire, ctx)
+                for param, offset in zip(bucket.params, bucket.offsets):
+                    full = self._zero_params[param]
+                    full.grad = reduced[offset : offset + full.numel()].view_as(full)
+                lo, hi = bucket.bounds[self._zero_settings.process_set.rank()]
+                mine = reduced[lo:hi]
+            else:
+                mine = decompress(result, ctx)
+            self._zero_reduced[b] = reduced if self._zero_stage == 1 else mine
+            for k, piece in enumerate(self._zero_pieces[b]):
+                if piece.param not in self._zero_missing:
+                    grad = mine[piece.offset : piece.offset + piece.numel]
+                    self._zero_shard[b, k].grad = grad
+        self._zero_missing.clear()
+        self._zero_pending.clear()
+        self._zero_ready.clear()
+        for param in self._zero_counts:
+            self._zero_counts[param] = 0
+        self._zero_synchronized = True
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Scale the averaged gradients so that their global norm is at most `max_norm`.
+
+        As torch.nn.utils.clip_grad_norm_ over the whole model, computed from the shards with
+        one all-reduce. Call it between backward() and step(); returns the norm before clipping.
+        """
+        self.synchronize()
+        grads = [s.grad for s in self._zero_shard.values() if s.grad is not None]
+        norm_type = float(norm_type)
+        if math.isinf(norm_type):
+            local = max((g.detach().abs().max().double() for g in grads if g.numel()),
+                        default=torch.zeros((), dtype=torch.float64))  # fmt: skip
+            op = core.Max
+        else:
+            local = sum((g.detach().double().abs().pow(norm_type).sum() for g in grads),
+                        torch.zeros((), dtype=torch.float64))  # fmt: skip
+            op = core.Sum
+        total = allreduce(local.reshape(1), name="zero.clip_grad_norm", op=op,
+                          process_set=self._zero_settings.process_set)[0]  # fmt: skip
+        if not math.isinf(norm_type):
+            total = total.pow(1.0 / norm_type)
+        coefficient = float(max_norm) / (float(total) + 1e-6)
+        if coefficient < 1.0:
+            for reduced in self._zero_reduced.values():  # all of a stage-1 bucket: consistent
+                reduced.mul_(coefficient)
+        return total.to(grads[0].dtype if grads else torch.float32)
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError(
+                "ZeroOptimizer.step() takes no closure: the closure's backward would start the "
+                "gradient reductions again; compute the loss before step()"
+            )
+        self.synchronize()
+        loss = super().step()
+        self._zero_synchronized = False
+        self._zero_reduced.clear()
+        self._zero_gather()
+        return loss
+
+    def _zero_gather(self) -> None:
+        """All-gather every bucket's updated chunks into every rank's parameters."""
+        sends = []
+        for b, pieces in enumerate(self._zero_pieces):
+            chunk = [self._zero_shard[b, k].detach().view(-1) for k in range(len(pieces))]
+            first = self._zero_params[self._zero_buckets[b].params[0]]
+            sends.append(torch.cat(chunk) if chunk else first.new_empty(0))
+        handle = grouped_allgather_async(sends, name="zero.parameters",
+                                         process_set=self._zero_settings.process_set)  # fmt: skip
+        with torch.no_grad():
+            for bucket, flat in zip(self._zero_buckets, synchronize(handle)):
+                for param, offset in zip(bucket.params, bucket.offsets):
+                    full = self._zero_params[param]
+                    full.view(-1).copy_(flat[offset : offset + full.numel()])
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._zero_pending:
+            raise core.HorovodLiteError(
+                "zero_grad() was called after backward() and before step() or synchronize(): "
+                "the gradients are still being reduced; call step() (or synchronize()) first"
+            )
+        for param in self._zero_params:
+            if param.grad is not None:
+                if set_to_none:
+                    param.grad = None
+                else:
+                    param.grad = torch.zeros_like(param)  # not a view of a reduced bucket
+        if set_to_none:
+            self._zero_zeroed.clear()
+        for shard in self._zero_shard.values():
+            shard.grad = None
+        self._zero_reduced.clear()
+        self._zero_synchronized = False
+        for param in self._zero_counts:
+            self._zero_counts[param] = 0
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Return the full, unsharded state, as the wrapped optimizer's own state_dict() would.
+
+        A collective: every rank of the process set must call it; every rank gets the whole
+        state (so a checkpoint written by any rank loads at any rank count, or without horovodlite).
+        """
+        mine = []
+        for (b, k), shard in self._zero_shard.items():
+            piece = self._zero_pieces[b][k]
+            state = self.state.get(shard, {})
+            mine.append((piece.param, piece.start, piece.stop,
+                         {key: _cpu(value) for key, value in state.items()}))  # fmt: skip
+        gathered = allgather_object(mine, name="zero.state_dict",
+                                    process_set=self._zero_settings.process_set)  # fmt: skip
+        state = {}
+        for pieces in gathered:
+            for param, start, stop, entries in pieces:
+                full = self._zero_params[param]
+                target = state.setdefault(param, {})
+                for key, value in entries.items():
+                    if _per_element(value, stop - start):
+                        if key not in target:
+                            target[key] = value.new_empty(full.numel())
+                        target[key][start:stop] = value
+                    else:
+                        target[key] = value
+        for param, entries in state.items():
+            full = self._zero_params[param]
+            for key, value in entries.items():
+                if torch.is_tensor(value) and value.dim() == 1 and value.numel() == full.numel():
+                    entries[key] = value.view(full.shape).to(full.device)
+        index, groups = 0, []
+        for group in self._zero_groups_meta():
+            count = group.pop("count")
+            groups.append({**group, "params": list(range(index, index + count))})
+            index += count
+        return {"state": state, "param_groups": groups}
+
+    def _zero_groups_meta(self) -> list:
+        sizes = self._zero_group_sizes
+        return [{**{k: v for k, v in g.items() if k != "params"}, "count": n}
+                for g, n in zip(self.param_groups, sizes)]  # fmt: skip
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a full state (from state_dict(), or a plain optimizer's); keep this rank's shard."""
+        groups = state_dict["param_groups"]
+        if [len(g["params"]) for g in groups] != self._zero_group_sizes:
+            raise ValueError(
+                f"the state has parameter groups of sizes {[len(g['params']) for g in groups]}, "
+                f"but this optimizer's are {self._zero_group_sizes}: load a state saved from the "
+                "same model and parameter groups"
+            )
+        full_index = [i for g in groups for i in g["params"]]  # the saved ids, in param order
+        shard_state, shard_groups, position = {}, [], 0
+        for group, saved in zip(self.param_groups, groups):
+            ids = []
+            for shard in group["params"]:
+                piece = self._zero_piece_of[id(shard)]
+                entries = state_dict["state"].get(full_index[piece.param])
+                if entries is not None:
+                    numel = self._zero_params[piece.param].numel()
+                    # Copies: the optimizer updates its state in place (Adam's step count too),
+                    # which must not change the caller's state_dict.
+                    shard_state[position] = {
+                        key: value.reshape(-1)[piece.start : piece.stop].clone()
+                        if _per_element(value, numel)
+                        else value.clone() if torch.is_tensor(value) else value
+                        for key, value in entries.items()
+                    }
+                ids.append(position)
+                position += 1
+            shard_groups.append({**{k: v for k, v in saved.items() if k != "params"},
+                                 "params": ids})  # fmt: skip
+        super().load_state_dict({"state": shard_state, "param_groups": shard_groups})
+
+
+def _per_element(value, numel: int) -> bool:
+    return torch.is_tensor(value) and value.dim() > 0 and value.numel() == numel
+
+
+def _cpu(value):
+    return value.detach().cpu() if torch.is_tensor(value) else value
+
+
+def _remap(bucket, order: list):
+    """Return `bucket` with its parameter positions in `order` turned into parameter indices."""
+    return type(bucket)(tuple(order[i] for i in bucket.params), bucket.offsets, bucket.numel,
+                        bucket.bounds)  # fmt: skip
+
+
+def _check_same_model(params: list, names: dict, process_set) -> None:
+    """Raise ValueError on every rank unless every rank has the same parameters."""
+    layout = [(names[i], tuple(p.shape), str(p.dtype)) for i, p in enumerate(params)]
+    everyone = allgather_object(layout, name="zero.layout", process_set=process_set)
+    for rank, theirs in enumerate(everyone):
+        if theirs != everyone[0]:
+            first = next((i for i, (a, b) in enumerate(zip(theirs, everyone[0])) if a != b), None)
+            detail = (
+                f"{len(theirs)} parameters, rank 0 has {len(everyone[0])}"
+                if first is None
+                else f"{theirs[first]}, rank 0 has {everyone[0][first]}"
+            )
+            raise ValueError(
+                f"ZeroOptimizer: the ranks optimize different models: rank {rank} has {detail}; "
+                "build the same model on every rank"
+            )
+
+
+def ZeroOptimizer(
+    optimizer,
+    named_parameters=None,
+    stage=1,
+    compression=Compression.none,
+    backward_passes_per_step=1,
+    process_set=global_process_set,
+    bucket_cap_mb=_BUCKET_BYTES / 2**20,
+):
+    """Wrap `optimizer` so that each rank keeps and updates only its shard of the state (ZeRO).
+
+    Returns an instance of a subclass of the optimizer's class whose `state` holds this rank's
+    shard only (about 1/n of it). Use it as DistributedOptimizer: backward(), then step().
+
+    Args:
+        optimizer: an elementwise torch optimizer (SGD, Adam, AdamW, RMSprop, Adagrad, ...).
+        named_parameters: model.named_parameters(), to name parameters in errors.
+        stage: 1 (shard the optimizer state) or 2 (also keep only this rank's gradient chunk).
+        compression: Compression.none, .fp16 or .bf16 for the gradients on the wire.
+        backward_passes_per_step: backward passes accumulated locally per reduction.
+        process_set: the ranks that train this model.
+        bucket_cap_mb: size of the buckets gradients are reduced in.
+
+    Raises:
+        TypeError: an optimizer that does not update elementwise, or one already wrapped.
+        ValueError: a bad argument, or models that differ across ranks (on every rank).
+    """
+    if isinstance(optimizer, (_ZeroMixin, _DistributedMixin)):
+        kind = "Zero" if isinstance(optimizer, _ZeroMixin) else "Distributed"
+        raise TypeError(
+            f"the optimizer is already a {kind}Optimizer: wrap the plain torch optimizer once"
+        )
+    if not isinstance(optimizer, ELEMENTWISE):
+        supported = ", ".join(c.__name__ for c in ELEMENTWISE)
+        raise TypeError(
+            f"ZeroOptimizer shards elementwise optimizers ({supported}); "
+            f"{type(optimizer).__name__} needs whole parameters: use DistributedOptimizer"
+        )
+    if stage not in (1, 2):
+        raise ValueError(f"stage must be 1 or 2, got {stage!r}")
+    if not bucket_cap_mb > 0 or not math.isfinite(bucket_cap_mb):
+        raise ValueError(f"bucket_cap_mb must be a positive number, got {bucket_cap_mb!r}")
+    settings = ReductionSettings(
+        compression=compression, backward_passes_per_step=backward_passes_per_step,
+        process_set=process_set,
+    )  # fmt: skip
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for i, param in enumerate(params):
+        if not param.is_contiguous():
+            raise ValueError(f"parameter {i} is not contiguous: ZeroOptimizer shards flat views")
+    names = _parameter_names(params, named_parameters)
+    existing = optimizer.state_dict() if optimizer.state else None
+    cls = type(optimizer.__class__.__name__, (_ZeroMixin, optimizer.__class__), {})
+    zero = cls.__new__(cls)
+    zero.__dict__.update(optimizer.__dict__)
+    zero._zero_group_sizes = [len(g["params"]) for g in optimizer.param_groups]
+    index_names = {i: names[p] for i, p in enumerate(params)}
+    zero._zero_setup(names=index_names, stage=stage, settings=settings,
+                     bucket_bytes=int(bucket_cap_mb * 2**20))  # fmt: skip
+    zero._zero_piece_of = {
+        id(shard): zero._zero_pieces[b][k] for (b, k), shard in zero._zero_shard.items()
+    }
+    if existing is not None:
+        zero.load_state_dict(existing)
+    return zero
