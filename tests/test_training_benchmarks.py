@@ -59,3 +59,21 @@ def test_keras_fit_benchmark(tmp_path):
     assert checks["np1 mlp:hvd vs mwms"] < 1e-6 and checks["np2 mlp:hvd vs mwms"] < 1e-6, checks
     # The control: at 2 ranks the unaveraged local weights differ, so the check can see a gap.
     assert checks["np1 mlp:hvd vs local"] == 0 and checks["np2 mlp:hvd vs local"] > 1e-6, checks
+
+
+@pytest.mark.mpi
+def test_zero_benchmark(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "zero.json"
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "zero.py"), "--np", "2", "--width", "32", "--steps",
+         "2", "--warmup", "1", "--repeats", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    rows = {r["contender"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {"hvd", "zero1", "zero2", "torch-zero"}
+    assert all(r["np"] == 2 and r["steps"] == 2 and r["median_ms"] > 0 for r in rows.values())
+    # Counted from the tensors, so exact enough to check: each rank holds half of the state.
+    assert rows["zero1"]["state_mb"] < 0.6 * rows["hvd"]["state_mb"]
+    assert rows["zero2"]["gradients_mb"] < 0.6 * rows["hvd"]["gradients_mb"]
