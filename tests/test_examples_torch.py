@@ -54,3 +54,14 @@ def test_horovod_script_differs_from_horovod_only_in_its_import():
         if line.startswith(("import ", "from ")) and "horovod" in line
     ]
     assert imports == ["import horovodlite.torch as hvd  # was: import horovod.torch as hvd"]
+
+
+@pytest.mark.mpi
+def test_adasum_example_adds_orthogonal_and_averages_parallel_vectors():
+    pytest.importorskip("torch")
+    result = run_ranks(2, [str(EXAMPLES / "pytorch_adasum.py"), "--steps", "150"], timeout=120)
+    assert result.returncode == 0, f"pytorch_adasum.py failed:\n{result.stdout[-10000:]}"
+    assert "orthogonal unit vectors: [1.0, 1.0] (their sum)" in result.stdout
+    assert "parallel vectors 1..2: [1.5, 1.5, 1.5] (their average)" in result.stdout
+    loss = re.search(r"^test loss (\d+\.\d+) after 150 steps on 2 ranks$", result.stdout, re.M)
+    assert loss is not None and float(loss.group(1)) < 0.05, result.stdout[-3000:]
