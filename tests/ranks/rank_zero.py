@@ -221,3 +221,31 @@ def test_different_models_are_refused_on_every_rank():
     with pytest.raises(ValueError, match=r"the ranks optimize different models: rank \d+ has"):
         hvd.ZeroOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                           named_parameters=model.named_parameters())  # fmt: skip
+
+
+def test_learning_rate_scheduler_and_compression():
+    runs = []
+    for zero in (False, True):
+        model = Model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+        if zero:
+            optimizer = hvd.ZeroOptimizer(optimizer, stage=2, compression=hvd.Compression.fp16,
+                                          bucket_cap_mb=BUCKET_MB)  # fmt: skip
+        else:
+            optimizer = hvd.DistributedOptimizer(optimizer, compression=hvd.Compression.fp16)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+        for step in range(5):
+            train(model, optimizer, 1, start=step)
+            scheduler.step()
+        assert optimizer.param_groups[0]["lr"] == 0.1 * 0.5**2
+        runs.append(model)
+    # float16 on the wire: reduce-scatter and all-reduce round alike, to float16's precision.
+    for got, want in zip(runs[1].parameters(), runs[0].parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    assert all_equal(runs[1])
+
+
+def all_equal(model) -> bool:
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hvd.allgather(flat.unsqueeze(0))
+    return bool((gathered == gathered[0]).all())
