@@ -1,7 +1,8 @@
 """The collectives as TensorFlow ops: eagerly, inside `tf.function`, and in TF1 graphs.
 
 Every op hands numpy arrays to the core's engine and waits for the result. Eagerly it runs at
-once; in a graph it is a `tf.numpy_function` that runs when the graph does. Inside `tf.function`
+once; in a graph it is a `tf.numpy_function` that runs when the graph does (in a TF1 graph, two:
+a submit and a wait, so that waits never hold the threads submits need). Inside `tf.function`
 (and the graph `model.fit` compiles) TensorFlow runs stateful ops in program order, so requests
 keep the engine's submission-order names, as eager code does. In a TF1 graph, ops that do not
 depend on each other may run in any order, so each op takes a name from its place in the graph
@@ -9,8 +10,14 @@ depend on each other may run in any order, so each op takes a name from its plac
 
 Gradients are those Horovod registers: an all-reduce's is an all-reduce; an allgather's is this
 rank's rows of the averaged gradient; a broadcast's is the averaged gradient on the root and zero
-elsewhere; a reduce-scatter's is an allgather; an alltoall's is the alltoall back.
+elsewhere; a reduce-scatter's is an allgather (times the size for Sum, and the scale factors); an
+alltoall's is the alltoall back.
 """
+
+import contextlib
+import itertools
+import threading
+import weakref
 
 import numpy as np
 
@@ -43,6 +50,24 @@ __all__ = [
 
 
 # -- running core collectives as ops --------------------------------------------------------
+#
+# An op that waits for the other ranks holds one of TensorFlow's inter-op threads while it waits.
+# If the ranks' executors picked different ops to run first, every thread of a rank could be held
+# by waits for requests that the other ranks have not submitted yet, because the ops that would
+# submit them are queued behind those waits: a deadlock, however many threads there are, once
+# the graph has enough collectives. So each collective is a submit, which hands the arrays to
+# the engine and never blocks, and a wait; a wait may block only once this rank has submitted
+# every request of the step that does not depend on its result. The engine matches requests by
+# name in any order, so every request is then submitted on every rank and completes.
+#
+# - Eagerly the submit and the wait run at once, one after the other.
+# - Inside tf.function TensorFlow runs stateful ops in program order (automatic control
+#   dependencies), the same on every rank, so one op does both.
+# - In a TF1 graph they are two ops, and every wait gets a control dependency on every submit of
+#   the graph that does not depend on it and reads the same sources (placeholders, variables,
+#   iterators: `_sources`), so fetching one collective never runs a collective that reads
+#   other inputs (a broadcast of the variables is not re-run by every training step, and a
+#   prediction does not need the labels the gradients need).
 
 
 def _request_name(name, *, kind: str):
@@ -52,21 +77,161 @@ def _request_name(name, *, kind: str):
     return tf.compat.v1.get_default_graph().unique_name(f"horovodlite_{kind}", mark_as_used=True)
 
 
-def _run_op(func, inputs: list, *, touts: list, shapes: list, kind: str) -> list:
-    """Return the tensors `func(*arrays)` computes: now if eager, else when the graph runs."""
-    inputs = [tf.convert_to_tensor(t) for t in inputs]
+class _MismatchError(core.MismatchError, tf.errors.FailedPreconditionError):
+    """Ranks disagree about a collective: horovodlite's MismatchError, and the
+    tf.errors.FailedPreconditionError that Horovod's TensorFlow ops raise."""
 
-    def run(*arrays):
-        outs = func(*arrays)
+    def __init__(self, message: str):
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+    def __reduce__(self):
+        return type(self), (self.message,)
+
+
+def _finishing(finish, touts: list):
+    """Return a function that waits for `finish()` and returns its results as `touts`."""
+
+    def wait():
+        try:
+            outs = finish()
+        except _MismatchError:
+            raise
+        except core.MismatchError as error:
+            raise _MismatchError(str(error)) from error
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, touts)]
 
+    return wait
+
+
+def _run_op(start, inputs: list, *, touts: list, shapes: list, kind: str) -> list:
+    """Return the tensors that the collective `start(*arrays)` computes, eagerly or in a graph.
+
+    `start` submits to the engine without blocking and returns `finish`, which waits for the
+    other ranks and returns the results (see above for how the two are ordered in graphs).
+    """
+    inputs = [tf.convert_to_tensor(t) for t in inputs]
     if tf.executing_eagerly():
-        outs = run(*(t.numpy() for t in inputs))
+        outs = _finishing(start(*(t.numpy() for t in inputs)), touts)()
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
-    outs = tf.numpy_function(run, inputs, touts, stateful=True, name=f"Horovodlite{kind}")
+    if tf.inside_function():
+        outs = tf.numpy_function(
+            lambda *arrays: _finishing(start(*arrays), touts)(),
+            inputs,
+            touts,
+            stateful=True,
+            name=f"Horovodlite{kind}",
+        )
+    else:
+        outs = _submit_then_wait(start, inputs, touts=touts, kind=kind)
     for out, shape in zip(outs, shapes):
         out.set_shape(shape)
     return list(outs)
+
+
+def _waiting(handle, results=lambda result: result):
+    """Return the wait for `handle`: its synchronized result, passed through `results`."""
+    return lambda: results(core.synchronize(handle))
+
+
+def _run_local(func, *, touts: list, kind: str) -> list:
+    """Return ops that give `func()` when run: no other rank takes part."""
+    if tf.executing_eagerly():
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(func(), touts)]
+    return list(tf.numpy_function(func, [], touts, stateful=True, name=f"Horovodlite{kind}"))
+
+
+# A TF1 graph's submit op hands its wait op a ticket; the pending wait is kept here meanwhile.
+_tickets: dict = {}
+_ticket_lock = threading.Lock()
+_ticket_numbers = itertools.count(1)
+
+
+def _submit_then_wait(start, inputs: list, *, touts: list, kind: str) -> list:
+    """Return the outputs of a TF1 graph's wait op for the collective `start`, after its submit."""
+    last = [None]  # this op's latest ticket
+
+    def submit(*arrays):
+        with _ticket_lock:
+            unclaimed = _tickets.pop(last[0], None)
+        if unclaimed is not None:
+            # A run that fetched another collective of the graph made this one submit (the
+            # control dependencies below), but did not wait for it: every rank submitted it, so
+            # it completes; let it, so its name is free for this run.
+            # Nobody asked for that result, nor for its error.
+            with contextlib.suppress(Exception):
+                unclaimed()
+        finish = _finishing(start(*arrays), touts)
+        with _ticket_lock:
+            ticket = last[0] = next(_ticket_numbers)
+            _tickets[ticket] = finish
+        return np.int64(ticket)
+
+    def wait(ticket):
+        with _ticket_lock:
+            finish = _tickets.pop(int(ticket))
+        return finish()
+
+    token = tf.numpy_function(
+        submit, inputs, tf.int64, stateful=True, name=f"Horovodlite{kind}Submit"
+    )
+    outs = tf.numpy_function(wait, [token], touts, stateful=True, name=f"Horovodlite{kind}")
+    _order(token.op, outs[0].op)
+    return outs
+
+
+class _Collective:
+    """A TF1 graph's submit and wait ops of one collective, and the sources it reads."""
+
+    def __init__(self, submit, wait, sources: frozenset):
+        self.submit, self.wait, self.sources = submit, wait, sources
+
+
+_graph_collectives = weakref.WeakKeyDictionary()  # tf.Graph -> [_Collective]
+
+
+def _ancestors(op) -> set:
+    """Return every op that `op` depends on, through data and control inputs."""
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen
+
+
+def _sources(ancestors: set, ours: set) -> frozenset:
+    """Return the ops among `ancestors` whose values come from outside the graph's computation.
+
+    Those are the placeholders (fed), and the stateful ops without inputs: variables, iterators,
+    queues, readers, the user's own stateful Python ops.
+    """
+    return frozenset(
+        op
+        for op in ancestors
+        if op.type.startswith("Placeholder")
+        or (not op.inputs and op.op_def.is_stateful and op not in ours)
+    )
+
+
+def _order(submit, wait) -> None:
+    """Make every wait of the graph run after every submit that it does not feed (same sources)."""
+    collectives = _graph_collectives.setdefault(submit.graph, [])
+    ours = {op for c in collectives for op in (c.submit, c.wait)} | {submit, wait}
+    ancestors = _ancestors(submit)
+    sources = _sources(ancestors, ours)
+    for other in collectives:
+        if other.sources != sources:
+            continue
+        # Operation._add_control_input is TensorFlow's own way to add a control input to an op
+        # that exists (tf.control_dependencies only reaches ops created inside it). Neither edge
+        # can close a cycle: the new wait feeds nothing yet, and `other.wait` gets this submit
+        # only if it does not feed it.
+        wait._add_control_input(other.submit)
+        if other.wait not in ancestors:
+            other.wait._add_control_input(submit)
+    collectives.append(_Collective(submit, wait, sources))
 
 
 def _differentiable(forward, backward, tensors: list) -> list:
@@ -100,14 +265,27 @@ def _set_size(process_set) -> int:
 # -- all-reduce -----------------------------------------------------------------------------
 
 
-def _allreduce_arrays(arrays, *, name, args: dict) -> list:
-    """All-reduce `arrays`, one fused group per dtype; return the results in order."""
+def _allreduce_start(arrays, *, name, args: dict):
+    """Submit the all-reduce of `arrays`, one fused group per dtype; return its wait."""
 
     def start(group, suffix):
         group_name = name if name is None or suffix is None else f"{name}.{suffix}"
         return core.grouped_allreduce_async(group, name=group_name, **args)
 
-    return run_per_dtype(arrays, start, core.synchronize)
+    # Each array's slot: its group's handle and its place in the group.
+    slots = run_per_dtype(
+        arrays, start, lambda handle: zip(itertools.repeat(handle), itertools.count())
+    )
+    return lambda: _synchronize_slots(slots)
+
+
+def _synchronize_slots(slots: list) -> list:
+    """Wait for every handle among `slots` ((handle, index) pairs); return the results in order."""
+    results: dict = {}
+    for handle, _ in slots:
+        if id(handle) not in results:
+            results[id(handle)] = core.synchronize(handle)
+    return [results[id(handle)][i] for handle, i in slots]
 
 
 def _allreduce_dense(tensors, *, name, args: dict) -> list:
@@ -118,7 +296,7 @@ def _allreduce_dense(tensors, *, name, args: dict) -> list:
     def forward(xs, name=name):
         request = _request_name(name, kind="allreduce")
         return _run_op(
-            lambda *arrays: _allreduce_arrays(arrays, name=request, args=args),
+            lambda *arrays: _allreduce_start(arrays, name=request, args=args),
             xs,
             touts=[x.dtype for x in xs],
             shapes=[x.shape for x in xs],
@@ -133,7 +311,11 @@ def _allreduce_dense(tensors, *, name, args: dict) -> list:
 
 
 def _allreduce_sparse(slices, *, name, args: dict):
-    """All-reduce `tf.IndexedSlices` as Horovod does: allgather the values and the indices."""
+    """All-reduce `tf.IndexedSlices` as Horovod does: allgather the values and the indices.
+
+    Average divides the gathered values by the size as Horovod's `values / size` does, so integer
+    values average to floats (tf.math.truediv) instead of rounding to zero.
+    """
     op = args["op"]
     if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
         raise NotImplementedError(
@@ -144,9 +326,9 @@ def _allreduce_sparse(slices, *, name, args: dict):
     values, indices = grouped_allgather(
         [slices.values, slices.indices], name=name, process_set=process_set
     )
-    scale = args["prescale_factor"] * args["postscale_factor"]
     if op == ReduceOp.AVERAGE:
-        scale /= _set_size(process_set)
+        values = tf.math.truediv(values, tf.cast(_set_size(process_set), values.dtype))
+    scale = args["prescale_factor"] * args["postscale_factor"]
     if scale != 1.0:
         values = values * tf.cast(scale, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
@@ -168,7 +350,8 @@ def allreduce(
     """Return the reduction of `tensor` over the ranks of `process_set` (differentiable).
 
     Args:
-        tensor: a tensor, or `tf.IndexedSlices` (all-gathered: Average and Sum only).
+        tensor: a tensor, or `tf.IndexedSlices` (all-gathered: Average and Sum only, no
+            prescale or postscale factor; Average of integer values gives floats).
         average: deprecated; True is op=Average, False op=Sum.
         device_dense, device_sparse, ignore_name_scope: accepted for Horovod; unused.
         compression: Compression.none, .fp16 or .bf16: the dtype on the wire.
@@ -179,6 +362,12 @@ def allreduce(
     """
     args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
     if isinstance(tensor, tf.IndexedSlices):
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotImplementedError(
+                "tf.IndexedSlices are all-reduced by allgather, which takes no prescale_factor "
+                f"or postscale_factor (got {prescale_factor} and {postscale_factor}), as in "
+                "Horovod: scale the values yourself, or pass a dense tensor"
+            )
         return _allreduce_sparse(tensor, name=name, args=args)
     compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
     (reduced,) = _allreduce_dense([compressed], name=name, args=args)
@@ -228,19 +417,22 @@ def _allgather_backward(dys, xs, *, process_set) -> list:
     rows_request = None if request is None else f"{request}.rows"
     average = reduce_kwargs(op=ReduceOp.AVERAGE, process_set=process_set)
 
-    def run(rows_here, *grads):
-        reduced = _allreduce_arrays(grads, name=request, args=average)
-        everyone = core.synchronize(
-            core.allgather_async(
-                rows_here.reshape(1, -1), name=rows_request, process_set=process_set
-            )
+    def start(rows_here, *grads):
+        reduced = _allreduce_start(grads, name=request, args=average)
+        rows = core.allgather_async(
+            rows_here.reshape(1, -1), name=rows_request, process_set=process_set
         )
-        me = (process_set or global_process_set).rank()
-        offsets = everyone[:me].sum(axis=0)
-        return [r[o : o + n] for r, o, n in zip(reduced, offsets, everyone[me])]
+
+        def finish():
+            grads, everyone = reduced(), core.synchronize(rows)
+            me = (process_set or global_process_set).rank()
+            offsets = everyone[:me].sum(axis=0)
+            return [g[o : o + n] for g, o, n in zip(grads, offsets, everyone[me])]
+
+        return finish
 
     return _run_op(
-        run,
+        start,
         [rows, *dys],
         touts=[x.dtype for x in xs],
         shapes=[x.shape for x in xs],
@@ -260,7 +452,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=g
     def forward(xs):
         request = _request_name(name, kind="allgather")
         return _run_op(
-            lambda *arrays: core.synchronize(
+            lambda *arrays: _waiting(
                 core.grouped_allgather_async(arrays, name=request, process_set=process_set)
             ),
             xs,
@@ -290,16 +482,16 @@ def _broadcast_tensors(tensors, *, root_rank, name, process_set) -> list:
     def forward(xs, name=name):
         request = _request_name(name, kind="broadcast")
 
-        def run(*arrays):
+        def start(*arrays):
             names = [None if request is None else f"{request}.{i}" for i in range(len(arrays))]
             handles = [
                 core.broadcast_async(array, root_rank, name=n, process_set=process_set)
                 for array, n in zip(arrays, names)
             ]
-            return [core.synchronize(handle) for handle in handles]
+            return lambda: [core.synchronize(handle) for handle in handles]
 
         return _run_op(
-            run,
+            start,
             xs,
             touts=[x.dtype for x in xs],
             shapes=[x.shape for x in xs],
@@ -310,12 +502,14 @@ def _broadcast_tensors(tensors, *, root_rank, name, process_set) -> list:
         request = _request_name(None, kind="broadcast_grad")
         average = reduce_kwargs(op=ReduceOp.AVERAGE, process_set=process_set)
 
-        def run(*grads):
-            reduced = _allreduce_arrays(grads, name=request, args=average)
-            return reduced if core.rank() == root_rank else [r * 0 for r in reduced]
+        def start(*grads):
+            reduced = _allreduce_start(grads, name=request, args=average)
+            if core.rank() == root_rank:
+                return reduced
+            return lambda: [r * 0 for r in reduced()]
 
         return _run_op(
-            run,
+            start,
             dys,
             touts=[x.dtype for x in xs],
             shapes=[x.shape for x in xs],
@@ -374,9 +568,7 @@ def alltoall(
             size = _set_size(process_set)
             rows = array.shape[0] if array.ndim else -1
             send = np.full(size, rows // size, np.int64) if rows >= 0 and rows % size == 0 else None
-        return core.synchronize(
-            core.alltoall_async(array, send, name=request, process_set=process_set)
-        )
+        return _waiting(core.alltoall_async(array, send, name=request, process_set=process_set))
 
     received = []
 
@@ -395,11 +587,10 @@ def alltoall(
     def backward(dys, xs):
         request = _request_name(None, kind="alltoall_grad")
         (grad,) = _run_op(
-            lambda g, back: [
-                core.synchronize(
-                    core.alltoall_async(g, back, name=request, process_set=process_set)
-                )[0]
-            ],
+            lambda g, back: _waiting(
+                core.alltoall_async(g, back, name=request, process_set=process_set),
+                lambda result: [result[0]],
+            ),
             [dys[0], received[-1]],
             touts=[xs[0].dtype],
             shapes=[xs[0].shape],
@@ -434,7 +625,7 @@ def grouped_reducescatter(
     def forward(xs):
         request = _request_name(name, kind="reducescatter")
         return _run_op(
-            lambda *arrays: core.synchronize(
+            lambda *arrays: _waiting(
                 core.grouped_reducescatter_async(arrays, name=request, **args)
             ),
             xs,
@@ -444,10 +635,12 @@ def grouped_reducescatter(
         )
 
     def backward(dys, xs):
+        # Horovod's HorovodReducescatter gradient: the allgather of the upstream gradients,
+        # times the set's size for Sum, times the prescale and postscale factors.
         gathered = grouped_allgather(dys, process_set=process_set)
         scale = prescale_factor * postscale_factor
-        if args["op"] == ReduceOp.AVERAGE:
-            scale /= _set_size(process_set)
+        if args["op"] == ReduceOp.SUM:
+            scale *= _set_size(process_set)
         return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gathered]
 
     results = _differentiable(forward, backward, xs)
@@ -489,33 +682,30 @@ def join():
 
     Returns the last rank to join (an int32 tensor, the same on every rank).
     """
-    return _run_op(
-        lambda: [core.join()], [], touts=[tf.int32], shapes=[tf.TensorShape([])], kind="Join"
-    )[0]
+    # join() answers the other ranks' collectives until they all join: it blocks by design.
+    return _run_local(lambda: [np.int32(core.join())], touts=[tf.int32], kind="Join")[0]
 
 
 def barrier(process_set=global_process_set):
     """Wait until every rank of the process set reaches this op (in a graph: runs it)."""
     request = _request_name(None, kind="barrier")
 
-    def run():
-        # Through the engine, so a barrier never blocks a TF thread the other ranks' ops need.
-        core.synchronize(
-            core.allreduce_async(
-                np.zeros(1, np.int8), op=ReduceOp.SUM, name=request, process_set=process_set
-            )
+    def start():
+        # Through the engine, so a barrier is a submit and a wait like every other collective.
+        handle = core.allreduce_async(
+            np.zeros(1, np.int8), op=ReduceOp.SUM, name=request, process_set=process_set
         )
-        return [True]
+        return _waiting(handle, lambda _: [True])
 
-    return _run_op(run, [], touts=[tf.bool], shapes=[tf.TensorShape([])], kind="Barrier")[0]
+    return _run_op(start, [], touts=[tf.bool], shapes=[tf.TensorShape([])], kind="Barrier")[0]
 
 
 def _fact_op(fact, *, name) -> tf.Tensor:
     """Return an int32 scalar op that gives `fact()` when run."""
     with tf.name_scope(name or "horovodlite"):
-        return _run_op(
-            lambda: [fact()], [], touts=[tf.int32], shapes=[tf.TensorShape([])], kind="Fact"
-        )[0]
+        (fact_op,) = _run_local(lambda: [np.int32(fact())], touts=[tf.int32], kind="Fact")
+        fact_op.set_shape([])
+        return fact_op
 
 
 def size_op(process_set_id=0, name=None):

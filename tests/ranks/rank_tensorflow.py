@@ -11,6 +11,7 @@ import pytest  # noqa: E402
 
 tf = pytest.importorskip("tensorflow")
 hvd = pytest.importorskip("horovodlite.tensorflow")
+import horovodlite as core  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -184,6 +185,26 @@ def test_indexed_slices_are_allgathered():
     np.testing.assert_allclose(reduced.values.numpy()[:, 0], (np.arange(n) + 1) / n)
     with pytest.raises(NotImplementedError, match="Average and Sum"):
         hvd.allreduce(slices, op=hvd.Max)
+    # Horovod takes no scale factors with IndexedSlices.
+    for factors in ({"prescale_factor": 2.0}, {"postscale_factor": 0.5}):
+        with pytest.raises(NotImplementedError, match="prescale_factor"):
+            hvd.allreduce(slices, op=hvd.Sum, **factors)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_indexed_slices_of_integers_average_to_floats(mode):
+    # Horovod divides the gathered values by the size: integers average to floats, not zeros.
+    r, n = hvd.rank(), hvd.size()
+
+    def build():
+        slices = tf.IndexedSlices(
+            tf.fill([1, 2], r + 1), tf.constant([r]), dense_shape=tf.constant([n, 2])
+        )
+        return hvd.allreduce(slices).values
+
+    values = _run(mode, build)
+    assert values.dtype == np.float64
+    np.testing.assert_allclose(values[:, 0], (np.arange(n) + 1) / n)
 
 
 # -- gradients ------------------------------------------------------------------------------
@@ -217,19 +238,39 @@ def test_gradients_match_horovod(mode):
     np.testing.assert_allclose(g_bcast.numpy()[0], expected)
 
 
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_reducescatter_gradients_follow_horovod(mode):
+    # Horovod's HorovodReducescatter gradient: the allgather of the upstream gradients, times
+    # the size for Sum, times the prescale and postscale factors; grouped alike.
+    r, n = hvd.rank(), hvd.size()
+
+    def grads():
+        x = tf.ones([2 * n, 1])
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            total = tf.reduce_sum(hvd.reducescatter(x, op=hvd.Sum)) * (r + 1)
+            mean = tf.reduce_sum(
+                hvd.reducescatter(x, op=hvd.Average, prescale_factor=2.0, postscale_factor=1.5)
+            ) * (r + 1)
+            a, b = hvd.grouped_reducescatter([x, 2 * x], op=hvd.Sum)
+            grouped = tf.reduce_sum(a) * (r + 1) + tf.reduce_sum(b)
+        return [tape.gradient(y, x) for y in (total, mean, grouped)]
+
+    total, mean, grouped = grads() if mode == "eager" else tf.function(grads)()
+    # Each rank's 2 rows come from every rank; rank k's upstream gradient is k + 1.
+    gathered = np.repeat(np.arange(n) + 1.0, 2)
+    np.testing.assert_allclose(total.numpy().ravel(), n * gathered)
+    np.testing.assert_allclose(mean.numpy().ravel(), 3.0 * gathered)
+    np.testing.assert_allclose(grouped.numpy().ravel(), n * gathered + 2.0 * n)
+
+
 def test_reducescatter_and_alltoall_gradients():
     r, n = hvd.rank(), hvd.size()
     x = tf.ones([2 * n, 1])
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(x)
-        rs = hvd.reducescatter(x, op=hvd.Sum)
-        y_rs = tf.reduce_sum(rs) * (r + 1)
         out = hvd.alltoall(x * tf.reshape(tf.range(2 * n, dtype=tf.float32), [-1, 1]))
         y_a2a = tf.reduce_sum(out * (r + 1))
-    # Each rank's 2 rows of the sum come from every rank: the gradient is [1..n] gathered.
-    np.testing.assert_allclose(
-        tape.gradient(y_rs, x).numpy().ravel(), np.repeat(np.arange(n) + 1, 2)
-    )
     # Rows 2k, 2k+1 went to rank k, whose upstream gradient is k + 1.
     expected = np.repeat(np.arange(n) + 1, 2) * np.arange(2 * n)
     np.testing.assert_allclose(tape.gradient(y_a2a, x).numpy().ravel(), expected)
@@ -258,8 +299,13 @@ def test_shape_mismatch_raises_on_every_rank_eagerly():
     r = hvd.rank()
     if hvd.size() == 1:
         pytest.skip("needs two ranks to disagree")
-    with pytest.raises(hvd.HorovodLiteError, match="shape"):
+    with pytest.raises(hvd.HorovodLiteError, match="shape") as caught:
         hvd.allreduce(tf.zeros([2 + (r == 0)]))
+    # What a Horovod user catches: TensorFlow's FailedPreconditionError.
+    assert isinstance(caught.value, tf.errors.FailedPreconditionError)
+    assert isinstance(caught.value, core.MismatchError)
+    with pytest.raises(tf.errors.FailedPreconditionError, match="shape"):
+        hvd.grouped_allgather([tf.zeros([1, 2 + (r == 0)])])
     # The engine still works afterwards.
     assert hvd.allreduce(tf.ones([1]), op=hvd.Sum).numpy()[0] == hvd.size()
 
@@ -270,6 +316,13 @@ def test_shape_mismatch_raises_on_every_rank_in_a_function():
         pytest.skip("needs two ranks to disagree")
     with pytest.raises(tf.errors.OpError, match="shape"):
         tf.function(lambda: hvd.allreduce(tf.zeros([2 + (r == 0)])))()
+
+
+@pytest.mark.parametrize("mode", ["function", "graph"])
+def test_bad_alltoall_splits_are_invalid_argument_errors_in_graphs(mode):
+    n = hvd.size()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="add up to"):
+        _run(mode, lambda: hvd.alltoall(tf.ones([n + 1]), splits=[1] * n)[0])
 
 
 def test_bad_root_raises_on_every_rank():
