@@ -65,6 +65,11 @@ class _ZeroMixin:
         self._zero_buckets = [_remap(b, order) for b in plans]
         self._zero_bucket_of = {p: b for b, bucket in enumerate(self._zero_buckets)
                                 for p in bucket.params}  # fmt: skip
+        # Each bucket's parameters live in one flat buffer (their .data become views of it), so
+        # a rank's chunk is one contiguous slice to send, and the gathered bucket lands in place.
+        self._zero_flat = [_flatten([self._zero_params[i] for i in b.params], b.numel)
+                           for b in self._zero_buckets]  # fmt: skip
+        self._zero_grad_flat = {}  # stage 1: bucket -> its gradient buffer, kept across steps
         # This rank's shard: a view of each owned run of elements, as a parameter of its own.
         rank = process_set.rank()
         self._zero_pieces = [b.pieces(rank, sizes) for b in self._zero_buckets]
@@ -91,7 +96,9 @@ class _ZeroMixin:
         self._zero_reduced = {}  # bucket -> the reduced gradients this rank steps with
         self._zero_synchronized = False
         self._zero_missing = set()  # on one rank: parameters without a gradient this step
-        self._zero_zeroed = set()  # stage 2: parameters whose freed gradient counts as zeros
+        self._zero_had = set()  # parameters that have had a gradient (one rank's skip rule)
+        self._zero_fresh = {}  # bucket -> gradient buffer zero_grad() gave its parameters
+        self._zero_none = True  # whether the last zero_grad() was set_to_none
         self._zero_hooks = [
             self._zero_params[i].register_post_accumulate_grad_hook(
                 lambda _, i=i: self._zero_gradient_ready(i)
@@ -110,6 +117,7 @@ class _ZeroMixin:
                 "before step(): raise backward_passes_per_step to accumulate gradients locally"
             )
         self._zero_synchronized = False
+        self._zero_had.add(param)
         self._zero_counts[param] += 1
         if self._zero_counts[param] == self._zero_settings.backward_passes_per_step:
             ready = self._zero_ready[bucket]
@@ -120,27 +128,38 @@ class _ZeroMixin:
     def _zero_submit(self, b: int) -> None:
         self._zero_ready.pop(b, None)
         bucket, settings = self._zero_buckets[b], self._zero_settings
-        first = self._zero_params[bucket.params[0]]
-        flat = torch.empty(bucket.numel, dtype=first.dtype, device=first.device)
+        flat = self._zero_fresh.pop(b, None)
+        if flat is not None:
+            pass  # the gradients are views of it already (zero_grad())
+        elif self._zero_stage == 1:  # full gradients stay: the same buffer every step
+            flat = self._zero_grad_flat.get(b)
+            if flat is None:
+                flat = self._zero_grad_flat[b] = torch.empty_like(self._zero_flat[b])
+        else:  # only while the reduce-scatter runs
+            flat = torch.empty_like(self._zero_flat[b])
+        alone = settings.process_set.size() == 1
         for param, offset in zip(bucket.params, bucket.offsets):
             full = self._zero_params[param]
             part = flat[offset : offset + full.numel()]
-            if full.grad is None:  # no gradient on this rank: still take part, with zeros
-                part.zero_()
-                # As DistributedOptimizer on one rank: a parameter with no gradient tensor (not
-                # even zeros from zero_grad(set_to_none=False)) is skipped by the step.
-                if settings.process_set.size() == 1 and param not in self._zero_zeroed:
+            grad = full.grad
+            view = grad is not None and grad.data_ptr() == part.data_ptr()
+            if grad is None or (view and self._zero_counts[param] == 0):
+                # No gradient this step: take part with zeros. On one rank, as a plain
+                # optimizer (and DistributedOptimizer there), step() skips the parameter unless
+                # zero_grad(set_to_none=False) would have left it a zero gradient.
+                if grad is None:
+                    part.zero_()
+                if alone and (grad is None or self._zero_none or param not in self._zero_had):
                     self._zero_missing.add(param)
-            elif full.grad.is_sparse:
+            elif grad.is_sparse:
                 raise TypeError(
                     f"ZeroOptimizer needs dense gradients, but {self._zero_names[param]!r} has a "
                     "sparse one: use nn.Embedding(sparse=False), or DistributedOptimizer"
                 )
-            else:
-                part.copy_(full.grad.view(-1))
-            if self._zero_stage == 2 and full.grad is not None:
+            elif not view:  # a gradient autograd made (no zero_grad() before backward)
+                part.copy_(grad.view(-1))
+            if self._zero_stage == 2:
                 full.grad = None  # stage 2 keeps only this rank's chunk of the gradients
-                self._zero_zeroed.add(param)  # what zero_grad(set_to_none=False) would zero
         wire, ctx = settings.compression.compress(flat)
         name = f"zero.bucket.{b}"
         if self._zero_stage == 1:
@@ -230,19 +249,15 @@ class _ZeroMixin:
         return loss
 
     def _zero_gather(self) -> None:
-        """All-gather every bucket's updated chunks into every rank's parameters."""
-        sends = []
-        for b, pieces in enumerate(self._zero_pieces):
-            chunk = [self._zero_shard[b, k].detach().view(-1) for k in range(len(pieces))]
-            first = self._zero_params[self._zero_buckets[b].params[0]]
-            sends.append(torch.cat(chunk) if chunk else first.new_empty(0))
+        """All-gather every bucket's updated chunk into every rank's parameters."""
+        rank = self._zero_settings.process_set.rank()
+        sends = [flat[slice(*bucket.bounds[rank])] for flat, bucket in
+                 zip(self._zero_flat, self._zero_buckets)]  # fmt: skip
         handle = grouped_allgather_async(sends, name="zero.parameters",
                                          process_set=self._zero_settings.process_set)  # fmt: skip
         with torch.no_grad():
-            for bucket, flat in zip(self._zero_buckets, synchronize(handle)):
-                for param, offset in zip(bucket.params, bucket.offsets):
-                    full = self._zero_params[param]
-                    full.view(-1).copy_(flat[offset : offset + full.numel()])
+            for flat, gathered in zip(self._zero_flat, synchronize(handle)):
+                flat.copy_(gathered)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._zero_pending:
@@ -251,13 +266,22 @@ class _ZeroMixin:
                 "the gradients are still being reduced; call step() (or synchronize()) first"
             )
         for param in self._zero_params:
-            if param.grad is not None:
-                if set_to_none:
-                    param.grad = None
-                else:
-                    param.grad = torch.zeros_like(param)  # not a view of a reduced bucket
-        if set_to_none:
-            self._zero_zeroed.clear()
+            param.grad = None
+        # Backward accumulates straight into zeroed views of the bucket buffers (as DDP's
+        # gradient_as_bucket_view): no copy into the bucket, no fresh allocation per gradient.
+        for b, bucket in enumerate(self._zero_buckets):
+            if self._zero_stage == 1:
+                flat = self._zero_grad_flat.get(b)
+                if flat is None:
+                    flat = self._zero_grad_flat[b] = torch.empty_like(self._zero_flat[b])
+                flat.zero_()
+            else:
+                flat = torch.zeros_like(self._zero_flat[b])
+            self._zero_fresh[b] = flat
+            for param, offset in zip(bucket.params, bucket.offsets):
+                full = self._zero_params[param]
+                full.grad = flat[offset : offset + full.numel()].view_as(full)
+        self._zero_none = set_to_none
         for shard in self._zero_shard.values():
             shard.grad = None
         self._zero_reduced.clear()
@@ -341,6 +365,19 @@ class _ZeroMixin:
             shard_groups.append({**{k: v for k, v in saved.items() if k != "params"},
                                  "params": ids})  # fmt: skip
         super().load_state_dict({"state": shard_state, "param_groups": shard_groups})
+
+
+def _flatten(params: list, numel: int) -> torch.Tensor:
+    """Move `params` into one new flat buffer, in order; return it (their .data are views)."""
+    flat = torch.empty(numel, dtype=params[0].dtype, device=params[0].device)
+    offset = 0
+    with torch.no_grad():
+        for param in params:
+            size = param.numel()
+            flat[offset : offset + size].copy_(param.view(-1))
+            param.data = flat[offset : offset + size].view_as(param)
+            offset += size
+    return flat
 
 
 def _per_element(value, numel: int) -> bool:
