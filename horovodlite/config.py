@@ -62,6 +62,9 @@ class Settings:
         overlap: OVERLAP (1 or 0; unset: decided by the cores per rank): whether the engine
             runs cycles while requests are still being submitted, to overlap communication
             with computation, or only once somebody waits for a result.
+        exit_report_dir: EXIT_REPORT_DIR, set by horovodlite-run: a folder where each rank
+            notes its process at init() and its leaving at shutdown, so that the launcher can
+            name a rank that ended without leaving (os._exit, a signal, a crash).
     """
 
     check_metadata: bool = True
@@ -75,6 +78,7 @@ class Settings:
     timeline: Optional[str] = None
     timeline_mark_cycles: bool = False
     overlap: Optional[bool] = None
+    exit_report_dir: Optional[str] = None
 
     @classmethod
     def from_environment(cls) -> "Settings":
@@ -107,6 +111,7 @@ class Settings:
             timeline=env_value("TIMELINE", None, str, horovod=True),
             timeline_mark_cycles=bool(env_value("TIMELINE_MARK_CYCLES", 0, int, horovod=True)),
             overlap=env_value("OVERLAP", None, env_flag),
+            exit_report_dir=env_value("EXIT_REPORT_DIR", None, str),
         )
 
 

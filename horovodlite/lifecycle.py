@@ -5,6 +5,9 @@ state, engine, process sets), so none of those parts has to import upward to cre
 """
 
 import atexit
+import contextlib
+import os
+import socket
 import sys
 import threading
 import time
@@ -44,6 +47,7 @@ def init(comm=None, process_sets=None) -> None:
         state = _state.State(_user_communicator(comm), settings, _inits)
         state.engine = Engine(state)
         _state.activate(state)
+        _note_exit_report(settings, "started")
         if not _atexit_registered:
             atexit.register(_at_exit)
             _atexit_registered = True
@@ -91,10 +95,35 @@ def shutdown() -> None:
 def _shutdown(reason: int) -> None:
     with _lock:
         state = _state.deactivate()
+    if state is not None:
+        _note_exit_report(state.settings, "left")
     if state is not None and not MPI.Is_finalized():
         state.watch.announce_departure(reason)
         state.engine.stop()
         state.close()
+
+
+def _note_exit_report(settings: Settings, event: str) -> None:
+    """Tell horovodlite-run's exit watch (run/exit_watch.py) that this rank started or left.
+
+    `started` writes this process's pid; `left` marks an orderly leave, after which the end of
+    the process is no news. Only where the launcher asked for it, and never an error: on a
+    remote host the folder does not exist, and there is nobody to tell.
+    """
+    if not settings.exit_report_dir:
+        return
+    path = os.path.join(settings.exit_report_dir, f"rank-{MPI.COMM_WORLD.Get_rank()}")
+    try:
+        if event == "started":
+            with open(path + ".part", "w") as f:
+                f.write(f"{os.getpid()} {socket.gethostname()}\n")
+            os.replace(path + ".part", path)  # whole or absent for the watch
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path + ".left")
+        else:
+            open(path + ".left", "w").close()
+    except OSError:
+        pass
 
 
 def _at_exit() -> None:
@@ -113,6 +142,7 @@ def _at_exit() -> None:
         sys.stderr.flush()
         # The abort tears the job down at once, and the launcher may drop output it has not
         # forwarded yet (this line, the traceback): give it a moment on this failure path.
+        _note_exit_report(_state.current().settings, "left")  # it has named itself, above
         time.sleep(0.5)
         MPI.COMM_WORLD.Abort(1)
     _shutdown(LEFT_EXIT)

@@ -5,11 +5,15 @@ Each case is its own MPI job (tests/jobs/) under a timeout; the bound it must me
 from the time the surviving ranks report.
 """
 
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
-from test_engine_jobs import job
+from test_engine_jobs import ENGINE_VARIABLES, JOBS, job
 
 pytestmark = pytest.mark.mpi
 
@@ -65,3 +69,31 @@ def test_a_sync_and_an_async_call_under_one_name_raise_everywhere(np):
     assert result.returncode != 0, out
     _check_survivors(out, [0], "submitted it asynchronously .* called it synchronously")
     _check_survivors(out, range(1, np), "asynchronously while rank 0 called it synchronously")
+
+
+@pytest.mark.parametrize("how", ["os_exit", "sigkill"])
+def test_horovodlite_run_names_a_rank_that_ends_without_python(how):
+    # No Python runs in that rank and MPI's launcher kills the others at once: horovodlite-run
+    # names it from outside (run/exit_watch.py).
+    argv = [sys.executable, "-m", "horovodlite.run", "-np", "3", sys.executable,
+            str(JOBS / "early_exit.py"), how, "sync"]  # fmt: skip
+    env = {**os.environ, **dict.fromkeys(ENGINE_VARIABLES, "")}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the job hung:\n{proc.communicate()[0]}")
+    assert proc.returncode != 0, out
+    pid = re.search(r"rank 1 ready, pid (\d+)", out).group(1)
+    assert f"horovodlite-run: rank 1 (pid {pid}) ended without leaving horovodlite" in out, out
+
+
+def test_horovodlite_run_says_nothing_when_every_rank_leaves():
+    result = subprocess.run(
+        [sys.executable, "-m", "horovodlite.run", "-np", "2", sys.executable, "-c",
+         "import os, horovodlite as hvd; hvd.init(); hvd.shutdown(); os._exit(0)"],
+        capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert result.returncode == 0 and "ended without" not in result.stderr, result.stderr

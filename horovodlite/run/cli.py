@@ -7,6 +7,7 @@ horovodlite-run -np 4 --simulated-hosts 2:100mbit python train.py
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import shlex
@@ -16,6 +17,7 @@ import sys
 
 from ..version import __version__
 from .errors import LaunchError
+from .exit_watch import ExitWatch
 from .hosts import (
     check_reachable,
     check_slots,
@@ -196,6 +198,21 @@ def _run(args, settings: dict, mpi_args: list) -> int:
     return execute(argv, {**os.environ, **settings})
 
 
+@contextlib.contextmanager
+def _environment(variables: dict):
+    """Set `variables` in os.environ for the block (main() may run inside a user's process)."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def main(argv: list | None = None) -> int:
     """Run horovodlite-run with `argv` (default: sys.argv[1:]); return the exit status."""
     parser = build_parser()
@@ -216,9 +233,14 @@ def main(argv: list | None = None) -> int:
             mpi_args = shlex.split(args.mpi_args)
         except ValueError as exc:
             raise ValueError(f"--mpi-args {args.mpi_args!r}: {exc}") from None
-        if args.simulated_hosts is not None:
-            return _run_simulated(args, settings, mpi_args)
-        return _run(args, settings, mpi_args)
+        # The watch's folder reaches the ranks of this host through the environment they
+        # inherit, not the command line: ranks elsewhere cannot write to it.
+        with ExitWatch() as watch, _environment(watch.environment):
+            run = _run_simulated if args.simulated_hosts is not None else _run
+            status = run(args, settings, mpi_args)
+            if status != 0 and watch.message():
+                print(f"horovodlite-run: {watch.message()}", file=sys.stderr)
+            return status
     except (ValueError, OSError) as exc:
         print(f"horovodlite-run: error: {exc}", file=sys.stderr)
         return 2

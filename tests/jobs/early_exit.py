@@ -1,11 +1,13 @@
 """Rank 1 leaves early (argv[1] says how) while the others wait in a collective (argv[2]).
 
 Ways to leave: `exit0`/`exit1` (sys.exit), `return` (the program just ends), `finally` (an
-exception inside try/finally: hvd.shutdown()), `shutdown` (hvd.shutdown(), then a collective).
+exception inside try/finally: hvd.shutdown()), `shutdown` (hvd.shutdown(), then a collective),
+`os_exit` (os._exit(3): no Python runs), `sigkill` (killed).
 Where the others wait: `sync` (an all-reduce), `async` (synchronize() of one), `barrier`.
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -27,6 +29,10 @@ def leave(how: str) -> None:
     if how == "shutdown":
         hvd.shutdown()
         hvd.allreduce(np.ones(3), name="metric")  # raises here: not initialized
+    if how == "os_exit":
+        os._exit(3)
+    if how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main() -> None:

@@ -1,0 +1,108 @@
+"""Name the rank that ended a job without leaving horovodlite: os._exit, a signal, a crash.
+
+Such a process runs no Python on its way out, and the MPI launcher then kills the other ranks
+before they can say anything (measured: MPICH's Hydra reports the pid of a rank it killed).
+So horovodlite-run watches from outside: each rank of this host writes its pid to a private
+folder at init() and marks an orderly leave at shutdown (lifecycle.py); a thread here waits on
+the ranks' processes through pidfds and remembers the first that ended without that mark. If
+the job then fails, the launcher names it. Ranks on other hosts are not watched.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import socket
+import tempfile
+import threading
+
+__all__ = ["ExitWatch"]
+
+_VARIABLE = "HOROVODLITE_EXIT_REPORT_DIR"
+_POLL = 0.05  # seconds between looks for newly started ranks
+
+
+class ExitWatch:
+    """A context manager: watches the job's local ranks while it runs."""
+
+    def __init__(self):
+        self.folder = tempfile.mkdtemp(prefix="horovodlite-ranks-")
+        self.first_unannounced: list = []  # [(rank, pid)] that ended first without leaving
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="horovodlite-exit-watch",
+                                        daemon=True)  # fmt: skip
+        self._pidfds: dict = {}  # fd -> (rank, pid)
+        self._seen: set = set()
+
+    @property
+    def environment(self) -> dict:
+        """The variable every rank needs to report to this watch."""
+        return {_VARIABLE: self.folder}
+
+    def __enter__(self) -> ExitWatch:
+        if hasattr(os, "pidfd_open"):  # Linux 5.3 and later: elsewhere nothing is named
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        for fd in self._pidfds:
+            os.close(fd)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def message(self) -> str | None:
+        """Say which rank ended first without leaving horovodlite, if one did."""
+        if not self.first_unannounced:
+            return None
+        ranks = ", ".join(f"rank {rank} (pid {pid})" for rank, pid in self.first_unannounced)
+        return (
+            f"{ranks} ended without leaving horovodlite (os._exit, a signal such as SIGKILL "
+            "or the out-of-memory killer, or a crash) while the job ran; the MPI launcher then "
+            "stopped the other ranks"
+        )
+
+    def _watch(self) -> None:
+        host = socket.gethostname()
+        while not self._stop.is_set():
+            self._open_new(host)
+            if not self._pidfds:
+                self._stop.wait(_POLL)
+                continue
+            ready, _, _ = select.select(list(self._pidfds), [], [], _POLL)
+            ended = [self._pidfds.pop(fd) for fd in ready]
+            for fd in ready:
+                os.close(fd)
+            self._note([(rank, pid) for rank, pid in ended if not self._left(rank)])
+
+    def _open_new(self, host: str) -> None:
+        gone = []
+        for name in os.listdir(self.folder):
+            if not name.startswith("rank-") or "." in name or name in self._seen:
+                continue
+            self._seen.add(name)
+            try:
+                with open(os.path.join(self.folder, name)) as f:
+                    pid_text, rank_host = f.read().split()
+                rank, pid = int(name[len("rank-") :]), int(pid_text)
+            except (OSError, ValueError):
+                continue
+            if rank_host != host:
+                continue
+            try:
+                self._pidfds[os.pidfd_open(pid)] = (rank, pid)
+            except ProcessLookupError:  # ended before we looked
+                if not self._left(rank):
+                    gone.append((rank, pid))
+            except OSError:
+                continue
+        self._note(gone)
+
+    def _left(self, rank: int) -> bool:
+        return os.path.exists(os.path.join(self.folder, f"rank-{rank}.left"))
+
+    def _note(self, ended: list) -> None:
+        if ended and not self.first_unannounced:
+            self.first_unannounced = sorted(ended)
