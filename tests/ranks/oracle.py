@@ -9,6 +9,7 @@ import horovodlite as hvd
 
 __all__ = [
     "ALGORITHMS",
+    "adasum_expected",
     "DTYPES",
     "OPS",
     "assert_reduced",
@@ -118,3 +119,19 @@ def still_in_step() -> None:
     out = hvd.allreduce(np.array([r, 1], dtype=np.int64), op=hvd.Sum, name="after.error")
     np.testing.assert_array_equal(out, [n * (n - 1) // 2, n])
     assert hvd.allgather_object(r) == list(range(n))
+
+
+def _adasum_pair(a, b):
+    """Adasum of two vectors, as the paper and Horovod define it, in float64."""
+    dot, anormsq, bnormsq = a @ b, a @ a, b @ b
+    acoeff = 1 - dot / (2 * anormsq) if anormsq > 0 else 1.0
+    bcoeff = 1 - dot / (2 * bnormsq) if bnormsq > 0 else 1.0
+    return acoeff * a + bcoeff * b
+
+
+def adasum_expected(inputs: list):
+    """Adasum over ranks 0..n-1: pairs at distance 1, then pairs of pairs, ... (Horovod's tree)."""
+    vectors = [np.asarray(x, dtype=np.float64).ravel() for x in inputs]
+    while len(vectors) > 1:
+        vectors = [_adasum_pair(vectors[i], vectors[i + 1]) for i in range(0, len(vectors), 2)]
+    return vectors[0].reshape(np.shape(inputs[0]))

@@ -8,7 +8,7 @@ At 3 ranks (not a power of two) every call must raise on every rank.
 import ml_dtypes
 import numpy as np
 import pytest
-from oracle import WORLD, everyone, still_in_step
+from oracle import WORLD, adasum_expected, everyone, still_in_step
 
 import horovodlite as hvd
 from horovodlite.algorithms import adasum_allreduce
@@ -25,25 +25,8 @@ not_power_of_two = pytest.mark.skipif(
 )
 
 
-def pair(a, b):
-    """Adasum of two vectors, as the paper and Horovod define it, in float64."""
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    dot, anormsq, bnormsq = a @ b, a @ a, b @ b
-    acoeff = 1 - dot / (2 * anormsq) if anormsq > 0 else 1.0
-    bcoeff = 1 - dot / (2 * bnormsq) if bnormsq > 0 else 1.0
-    return acoeff * a + bcoeff * b
-
-
-def reference(inputs: list):
-    """Adasum over ranks 0..n-1: pairs at distance 1, then pairs of pairs, ... (Horovod's tree)."""
-    vectors = [x.astype(np.float64).ravel() for x in inputs]
-    while len(vectors) > 1:
-        vectors = [pair(vectors[i], vectors[i + 1]) for i in range(0, len(vectors), 2)]
-    return vectors[0].reshape(inputs[0].shape)
-
-
 def assert_adasum(out, inputs, dtype, name=""):
-    expected = reference(inputs)
+    expected = adasum_expected(inputs)
     assert out.dtype == np.dtype(dtype) and out.shape == expected.shape, name
     scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
     np.testing.assert_allclose(
@@ -60,9 +43,9 @@ def values(shape, dtype, seed=0):
 
 def test_numpy_reference_itself():
     a, b = np.array([1.0, 0.0]), np.array([0.0, 2.0])
-    np.testing.assert_allclose(pair(a, b), a + b)  # orthogonal: the sum
-    np.testing.assert_allclose(pair(a, 3 * a), 2 * a)  # parallel: the average
-    np.testing.assert_allclose(pair(a, np.zeros(2)), a)  # a zero vector adds nothing
+    np.testing.assert_allclose(adasum_expected([a, b]), a + b)  # orthogonal: the sum
+    np.testing.assert_allclose(adasum_expected([a, 3 * a]), 2 * a)  # parallel: the average
+    np.testing.assert_allclose(adasum_expected([a, np.zeros(2)]), a)  # a zero vector adds nothing
 
 
 @power_of_two
@@ -109,7 +92,7 @@ def test_zero_vectors():
 def test_scaling():
     x = values(9, np.float64, seed=3)
     out = hvd.allreduce(x, op=hvd.Adasum, prescale_factor=0.5, postscale_factor=3.0)
-    expected = 3.0 * reference([0.5 * v for v in everyone(x)])
+    expected = 3.0 * adasum_expected([0.5 * v for v in everyone(x)])
     np.testing.assert_allclose(out, expected, rtol=1e-12)
 
 
@@ -163,7 +146,7 @@ def test_on_a_power_of_two_process_set():
     try:
         if hvd.rank() in (0, 1):
             out = hvd.allreduce(x, op=hvd.Adasum, process_set=pair_set)
-            np.testing.assert_allclose(out, reference(inputs), rtol=1e-12)
+            np.testing.assert_allclose(out, adasum_expected(inputs), rtol=1e-12)
     finally:
         hvd.remove_process_set(pair_set)
     still_in_step()
