@@ -12,6 +12,7 @@ import itertools
 import math
 
 import numpy as np
+from mpi4py import MPI
 
 from . import algorithms, small_allreduce
 from .agreement import digest
@@ -40,6 +41,7 @@ __all__ = [
     "broadcast",
     "broadcast_",
     "allgather",
+    "allgather_into",
     "reducescatter",
     "alltoall",
     "barrier",
@@ -324,6 +326,51 @@ def allgather_plan(tensor, *, name=None, process_set=global_process_set) -> Plan
 
 
 allgather = synchronous(allgather_plan, "allgather")
+
+
+def allgather_into_plan(out, rows, *, name=None, process_set=global_process_set) -> Plan:
+    """Gather, in place, the rows that every rank holds at its own place in `out`.
+
+    `out` has the whole result's shape on every rank; this rank's `rows` rows already sit after
+    those of the ranks before it, and the other ranks' rows are written around them. No new
+    array and no copy: what a sharded optimizer needs to gather its updated shards.
+    """
+    comm, ranks, array, xp, bad_input = prepare(out, process_set)
+
+    def parse():
+        check_rows(array, "allgather_into")
+        check_writable(array, "allgather_into")
+        if not isinstance(rows, int) or not 0 <= rows <= array.shape[0]:
+            raise ValueError(f"rows must be an int in 0..{array.shape[0]}, got {rows!r}")
+
+    _, error = checked(parse, bad_input)
+    fields = {
+        "collective": "allgather_into",
+        "name": name,
+        "dtype": DTYPE_NAMES[array.dtype],
+        "shape": tuple(array.shape),
+    }
+
+    def execute(comm, counts):
+        if sum(counts) != array.shape[0]:  # the same sums on every rank: all raise alike
+            raise ValueError(
+                f"allgather_into: the ranks hold {list(counts)} rows, {sum(counts)} in all, "
+                f"but out has {array.shape[0]}"
+            )
+        buf, module = flat_work(array, xp, copy=False)
+        row = math.prod(array.shape[1:])
+        counts = [c * row for c in counts]
+        wire = wire_type(array.dtype)
+        comm.Allgatherv(MPI.IN_PLACE, [buf, (counts, _displacements(counts)), wire])
+        return deliver(buf, array, xp, True)
+
+    payload = rows if isinstance(rows, int) else 0
+    return Plan(
+        fields, set_id(process_set), comm, ranks, error, payload=payload, execute=execute
+    )
+
+
+allgather_into = synchronous(allgather_into_plan, "allgather_into")
 
 
 def _parse_splits(splits, rows: int, size: int) -> np.ndarray:

@@ -19,14 +19,9 @@ from horovodlite.training.sharding import plan_buckets
 
 from .compression import Compression
 from .functions import allgather_object
-from .mpi_ops import (
-    allreduce,
-    allreduce_async_,
-    grouped_allgather_async,
-    reducescatter_async,
-    synchronize,
-)
+from .mpi_ops import allreduce, allreduce_async_, reducescatter_async, synchronize
 from .optimizer import _DistributedMixin, _parameter_names
+from .tensors import TensorView
 
 __all__ = ["ZeroOptimizer"]
 
@@ -249,15 +244,15 @@ class _ZeroMixin:
         return loss
 
     def _zero_gather(self) -> None:
-        """All-gather every bucket's updated chunk into every rank's parameters."""
-        rank = self._zero_settings.process_set.rank()
-        sends = [flat[slice(*bucket.bounds[rank])] for flat, bucket in
-                 zip(self._zero_flat, self._zero_buckets)]  # fmt: skip
-        handle = grouped_allgather_async(sends, name="zero.parameters",
-                                         process_set=self._zero_settings.process_set)  # fmt: skip
-        with torch.no_grad():
-            for flat, gathered in zip(self._zero_flat, synchronize(handle)):
-                flat.copy_(gathered)
+        """All-gather every bucket's updated chunk into every rank's parameters, in place."""
+        process_set = self._zero_settings.process_set
+        rank = process_set.rank()
+        for b, (flat, bucket) in enumerate(zip(self._zero_flat, self._zero_buckets)):
+            lo, hi = bucket.bounds[rank]
+            view = TensorView(flat)
+            gathered = core.allgather_into(view.array, hi - lo, name=f"zero.parameters.{b}",
+                                           process_set=process_set)  # fmt: skip
+            view.write_back(gathered)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._zero_pending:

@@ -12,6 +12,7 @@ from oracle import (
     assert_reduced,
     dtype_id,
     everyone,
+    expect_error_everywhere,
     rank_values,
     reduce_expected,
     still_in_step,
@@ -72,6 +73,37 @@ def test_allgather_edge_cases():
     np.testing.assert_array_equal(out, np.concatenate(everyone(strided)))
     ones = hvd.allgather(np.array([r], dtype=np.int16))
     np.testing.assert_array_equal(ones, np.arange(n, dtype=np.int16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_allgather_into_fills_around_each_ranks_rows(dtype):
+    n, r = hvd.size(), hvd.rank()
+    # Rank k holds k + 1 rows of (2, 3) at its place (rank 0 first): uneven at every size.
+    pieces = [rank_values((k + 1, 2, 3), dtype, k, seed=5) for k in range(n)]
+    out = np.zeros((n * (n + 1) // 2, 2, 3), dtype=dtype)
+    start = r * (r + 1) // 2
+    out[start : start + r + 1] = pieces[r]
+    result = hvd.allgather_into(out, r + 1, name="into")
+    assert result is out  # in place
+    np.testing.assert_array_equal(out, np.concatenate(pieces))
+
+
+def test_allgather_into_with_no_rows_and_its_errors():
+    n, r = hvd.size(), hvd.rank()
+    out = np.full(n, -1.0)
+    out[r] = r
+    rows = 1 if r != 0 or n == 1 else 0  # rank 0 holds nothing, so the total falls short
+    if n > 1:
+        with pytest.raises(ValueError, match=r"the ranks hold \[0, 1"):
+            hvd.allgather_into(out, rows, name="into.short")
+    still_in_step()
+    expect_error_everywhere(
+        lambda: hvd.allgather_into(np.zeros(n), n + 1 if r == n - 1 else 1, name="into.bad"),
+        {n - 1}, ValueError, "rows must be an int",
+    )  # fmt: skip
+    still_in_step()
+    empty = np.zeros((0, 2))
+    assert hvd.allgather_into(empty, 0).shape == (0, 2)
 
 
 def horovod_rows(rows: int, n: int) -> list:
