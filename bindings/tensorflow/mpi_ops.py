@@ -1,23 +1,13 @@
 """The collectives as TensorFlow ops: eagerly, inside `tf.function`, and in TF1 graphs.
 
-Every op hands numpy arrays to the core's engine and waits for the result. Eagerly it runs at
-once; in a graph it is a `tf.numpy_function` that runs when the graph does (in a TF1 graph, two:
-a submit and a wait, so that waits never hold the threads submits need). Inside `tf.function`
-(and the graph `model.fit` compiles) TensorFlow runs stateful ops in program order, so requests
-keep the engine's submission-order names, as eager code does. In a TF1 graph, ops that do not
-depend on each other may run in any order, so each op takes a name from its place in the graph
-(the same on every rank that built the same graph) and the engine matches requests by it.
-
-Gradients are those Horovod registers: an all-reduce's is an all-reduce; an allgather's is this
-rank's rows of the averaged gradient; a broadcast's is the averaged gradient on the root and zero
-elsewhere; a reduce-scatter's is an allgather (times the size for Sum, and the scale factors); an
-alltoall's is the alltoall back.
+Each collective hands its arrays to the core through op_runner.py, which runs them eagerly or
+as graph ops in an order that cannot deadlock. Gradients are those Horovod registers: an
+all-reduce's is an all-reduce; an allgather's is this rank's rows of the averaged gradient; a
+broadcast's is the averaged gradient on the root and zero elsewhere; a reduce-scatter's is an
+allgather (times the size for Sum, and the scale factors); an alltoall's is the alltoall back.
 """
 
-import contextlib
 import itertools
-import threading
-import weakref
 
 import numpy as np
 
@@ -28,6 +18,15 @@ from horovodlite.process_sets import global_process_set, process_set_ranks
 from horovodlite.training import reduce_kwargs, run_per_dtype
 
 from .compression import Compression
+from .op_runner import (
+    differentiable,
+    request_name,
+    rows_shape,
+    run_local,
+    run_op,
+    set_size,
+    waiting,
+)
 
 __all__ = [
     "allreduce",
@@ -47,219 +46,6 @@ __all__ = [
     "local_rank_op",
     "process_set_included_op",
 ]
-
-
-# -- running core collectives as ops --------------------------------------------------------
-#
-# An op that waits for the other ranks holds one of TensorFlow's inter-op threads while it waits.
-# If the ranks' executors picked different ops to run first, every thread of a rank could be held
-# by waits for requests that the other ranks have not submitted yet, because the ops that would
-# submit them are queued behind those waits: a deadlock, however many threads there are, once
-# the graph has enough collectives. So each collective is a submit, which hands the arrays to
-# the engine and never blocks, and a wait; a wait may block only once this rank has submitted
-# every request of the step that does not depend on its result. The engine matches requests by
-# name in any order, so every request is then submitted on every rank and completes.
-#
-# - Eagerly the submit and the wait run at once, one after the other.
-# - Inside tf.function TensorFlow runs stateful ops in program order (automatic control
-#   dependencies), the same on every rank, so one op does both.
-# - In a TF1 graph they are two ops, and every wait gets a control dependency on every submit of
-#   the graph that does not depend on it and reads the same sources (placeholders, variables,
-#   iterators: `_sources`), so fetching one collective never runs a collective that reads
-#   other inputs (a broadcast of the variables is not re-run by every training step, and a
-#   prediction does not need the labels the gradients need).
-
-
-def _request_name(name, *, kind: str):
-    """Return the engine's name for a request: the user's, submission order, or graph place."""
-    if name is not None or tf.executing_eagerly() or tf.inside_function():
-        return name
-    return tf.compat.v1.get_default_graph().unique_name(f"horovodlite_{kind}", mark_as_used=True)
-
-
-class _MismatchError(core.MismatchError, tf.errors.FailedPreconditionError):
-    """Ranks disagree about a collective: horovodlite's MismatchError, and the
-    tf.errors.FailedPreconditionError that Horovod's TensorFlow ops raise."""
-
-    def __init__(self, message: str):
-        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
-
-    def __reduce__(self):
-        return type(self), (self.message,)
-
-
-def _finishing(finish, touts: list):
-    """Return a function that waits for `finish()` and returns its results as `touts`."""
-
-    def wait():
-        try:
-            outs = finish()
-        except _MismatchError:
-            raise
-        except core.MismatchError as error:
-            raise _MismatchError(str(error)) from error
-        return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, touts)]
-
-    return wait
-
-
-def _run_op(start, inputs: list, *, touts: list, shapes: list, kind: str) -> list:
-    """Return the tensors that the collective `start(*arrays)` computes, eagerly or in a graph.
-
-    `start` submits to the engine without blocking and returns `finish`, which waits for the
-    other ranks and returns the results (see above for how the two are ordered in graphs).
-    """
-    inputs = [tf.convert_to_tensor(t) for t in inputs]
-    if tf.executing_eagerly():
-        outs = _finishing(start(*(t.numpy() for t in inputs)), touts)()
-        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
-    if tf.inside_function():
-        outs = tf.numpy_function(
-            lambda *arrays: _finishing(start(*arrays), touts)(),
-            inputs,
-            touts,
-            stateful=True,
-            name=f"Horovodlite{kind}",
-        )
-    else:
-        outs = _submit_then_wait(start, inputs, touts=touts, kind=kind)
-    for out, shape in zip(outs, shapes):
-        out.set_shape(shape)
-    return list(outs)
-
-
-def _waiting(handle, results=lambda result: result):
-    """Return the wait for `handle`: its synchronized result, passed through `results`."""
-    return lambda: results(core.synchronize(handle))
-
-
-def _run_local(func, *, touts: list, kind: str) -> list:
-    """Return ops that give `func()` when run: no other rank takes part."""
-    if tf.executing_eagerly():
-        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(func(), touts)]
-    return list(tf.numpy_function(func, [], touts, stateful=True, name=f"Horovodlite{kind}"))
-
-
-# A TF1 graph's submit op hands its wait op a ticket; the pending wait is kept here meanwhile.
-_tickets: dict = {}
-_ticket_lock = threading.Lock()
-_ticket_numbers = itertools.count(1)
-
-
-def _submit_then_wait(start, inputs: list, *, touts: list, kind: str) -> list:
-    """Return the outputs of a TF1 graph's wait op for the collective `start`, after its submit."""
-    last = [None]  # this op's latest ticket
-
-    def submit(*arrays):
-        with _ticket_lock:
-            unclaimed = _tickets.pop(last[0], None)
-        if unclaimed is not None:
-            # A run that fetched another collective of the graph made this one submit (the
-            # control dependencies below), but did not wait for it: every rank submitted it, so
-            # it completes; let it, so its name is free for this run.
-            # Nobody asked for that result, nor for its error.
-            with contextlib.suppress(Exception):
-                unclaimed()
-        finish = _finishing(start(*arrays), touts)
-        with _ticket_lock:
-            ticket = last[0] = next(_ticket_numbers)
-            _tickets[ticket] = finish
-        return np.int64(ticket)
-
-    def wait(ticket):
-        with _ticket_lock:
-            finish = _tickets.pop(int(ticket))
-        return finish()
-
-    token = tf.numpy_function(
-        submit, inputs, tf.int64, stateful=True, name=f"Horovodlite{kind}Submit"
-    )
-    outs = tf.numpy_function(wait, [token], touts, stateful=True, name=f"Horovodlite{kind}")
-    _order(token.op, outs[0].op)
-    return outs
-
-
-class _Collective:
-    """A TF1 graph's submit and wait ops of one collective, and the sources it reads."""
-
-    def __init__(self, submit, wait, sources: frozenset):
-        self.submit, self.wait, self.sources = submit, wait, sources
-
-
-_graph_collectives = weakref.WeakKeyDictionary()  # tf.Graph -> [_Collective]
-
-
-def _ancestors(op) -> set:
-    """Return every op that `op` depends on, through data and control inputs."""
-    seen, todo = set(), [op]
-    while todo:
-        current = todo.pop()
-        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
-            if parent not in seen:
-                seen.add(parent)
-                todo.append(parent)
-    return seen
-
-
-def _sources(ancestors: set, ours: set) -> frozenset:
-    """Return the ops among `ancestors` whose values come from outside the graph's computation.
-
-    Those are the placeholders (fed), and the stateful ops without inputs: variables, iterators,
-    queues, readers, the user's own stateful Python ops.
-    """
-    return frozenset(
-        op
-        for op in ancestors
-        if op.type.startswith("Placeholder")
-        or (not op.inputs and op.op_def.is_stateful and op not in ours)
-    )
-
-
-def _order(submit, wait) -> None:
-    """Make every wait of the graph run after every submit that it does not feed (same sources)."""
-    collectives = _graph_collectives.setdefault(submit.graph, [])
-    ours = {op for c in collectives for op in (c.submit, c.wait)} | {submit, wait}
-    ancestors = _ancestors(submit)
-    sources = _sources(ancestors, ours)
-    for other in collectives:
-        if other.sources != sources:
-            continue
-        # Operation._add_control_input is TensorFlow's own way to add a control input to an op
-        # that exists (tf.control_dependencies only reaches ops created inside it). Neither edge
-        # can close a cycle: the new wait feeds nothing yet, and `other.wait` gets this submit
-        # only if it does not feed it.
-        wait._add_control_input(other.submit)
-        if other.wait not in ancestors:
-            other.wait._add_control_input(submit)
-    collectives.append(_Collective(submit, wait, sources))
-
-
-def _differentiable(forward, backward, tensors: list) -> list:
-    """Return `forward(tensors)`, with `backward(upstream, tensors)` as its gradient."""
-    if not all(t.dtype.is_floating or t.dtype.is_complex for t in tensors):
-        return forward(tensors)
-
-    @tf.custom_gradient
-    def op(*xs):
-        ys = forward(list(xs))
-
-        def grad(*dys):
-            dys = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys)]
-            return backward(dys, list(xs))
-
-        return ys, grad
-
-    return list(op(*tensors))
-
-
-def _rows_shape(tensor) -> tf.TensorShape:
-    """Return the static shape of a result whose dimension 0 is known only at run time."""
-    shape = tensor.shape
-    return tf.TensorShape([None]) + shape[1:] if shape.rank else tf.TensorShape(None)
-
-
-def _set_size(process_set) -> int:
-    return (process_set or global_process_set).size()
 
 
 # -- all-reduce -----------------------------------------------------------------------------
@@ -294,8 +80,8 @@ def _allreduce_dense(tensors, *, name, args: dict) -> list:
         return []
 
     def forward(xs, name=name):
-        request = _request_name(name, kind="allreduce")
-        return _run_op(
+        request = request_name(name, kind="allreduce")
+        return run_op(
             lambda *arrays: _allreduce_start(arrays, name=request, args=args),
             xs,
             touts=[x.dtype for x in xs],
@@ -307,7 +93,7 @@ def _allreduce_dense(tensors, *, name, args: dict) -> list:
         # y = post * reduce(pre * x) over ranks, so dL/dx is the same reduction of dL/dy.
         return forward(dys, name=None)
 
-    return _differentiable(forward, backward, tensors)
+    return differentiable(forward, backward, tensors)
 
 
 def _allreduce_sparse(slices, *, name, args: dict):
@@ -327,7 +113,7 @@ def _allreduce_sparse(slices, *, name, args: dict):
         [slices.values, slices.indices], name=name, process_set=process_set
     )
     if op == ReduceOp.AVERAGE:
-        values = tf.math.truediv(values, tf.cast(_set_size(process_set), values.dtype))
+        values = tf.math.truediv(values, tf.cast(set_size(process_set), values.dtype))
     scale = args["prescale_factor"] * args["postscale_factor"]
     if scale != 1.0:
         values = values * tf.cast(scale, values.dtype)
@@ -413,7 +199,7 @@ def grouped_allreduce(
 def _allgather_backward(dys, xs, *, process_set) -> list:
     """Average the gradients over the ranks and keep this rank's rows of each."""
     rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])
-    request = _request_name(None, kind="allgather_grad")
+    request = request_name(None, kind="allgather_grad")
     rows_request = None if request is None else f"{request}.rows"
     average = reduce_kwargs(op=ReduceOp.AVERAGE, process_set=process_set)
 
@@ -431,7 +217,7 @@ def _allgather_backward(dys, xs, *, process_set) -> list:
 
         return finish
 
-    return _run_op(
+    return run_op(
         start,
         [rows, *dys],
         touts=[x.dtype for x in xs],
@@ -450,21 +236,21 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=g
             raise ValueError("allgather works on dimension 0, but got a 0-d tensor: reshape it")
 
     def forward(xs):
-        request = _request_name(name, kind="allgather")
-        return _run_op(
-            lambda *arrays: _waiting(
+        request = request_name(name, kind="allgather")
+        return run_op(
+            lambda *arrays: waiting(
                 core.grouped_allgather_async(arrays, name=request, process_set=process_set)
             ),
             xs,
             touts=[x.dtype for x in xs],
-            shapes=[_rows_shape(x) for x in xs],
+            shapes=[rows_shape(x) for x in xs],
             kind="Allgather",
         )
 
     def backward(dys, xs):
         return _allgather_backward(dys, xs, process_set=process_set)
 
-    return _differentiable(forward, backward, tensors)
+    return differentiable(forward, backward, tensors)
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -480,7 +266,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
 
 def _broadcast_tensors(tensors, *, root_rank, name, process_set) -> list:
     def forward(xs, name=name):
-        request = _request_name(name, kind="broadcast")
+        request = request_name(name, kind="broadcast")
 
         def start(*arrays):
             names = [None if request is None else f"{request}.{i}" for i in range(len(arrays))]
@@ -490,7 +276,7 @@ def _broadcast_tensors(tensors, *, root_rank, name, process_set) -> list:
             ]
             return lambda: [core.synchronize(handle) for handle in handles]
 
-        return _run_op(
+        return run_op(
             start,
             xs,
             touts=[x.dtype for x in xs],
@@ -499,7 +285,7 @@ def _broadcast_tensors(tensors, *, root_rank, name, process_set) -> list:
         )
 
     def backward(dys, xs):
-        request = _request_name(None, kind="broadcast_grad")
+        request = request_name(None, kind="broadcast_grad")
         average = reduce_kwargs(op=ReduceOp.AVERAGE, process_set=process_set)
 
         def start(*grads):
@@ -508,7 +294,7 @@ def _broadcast_tensors(tensors, *, root_rank, name, process_set) -> list:
                 return reduced
             return lambda: [r * 0 for r in reduced()]
 
-        return _run_op(
+        return run_op(
             start,
             dys,
             touts=[x.dtype for x in xs],
@@ -516,7 +302,7 @@ def _broadcast_tensors(tensors, *, root_rank, name, process_set) -> list:
             kind="BroadcastGrad",
         )
 
-    return _differentiable(forward, backward, tensors)
+    return differentiable(forward, backward, tensors)
 
 
 def broadcast(
@@ -565,29 +351,29 @@ def alltoall(
         if not given:
             # Even splits, given explicitly so the received splits come back for the gradient.
             # An indivisible tensor goes in without splits, for the core to report on every rank.
-            size = _set_size(process_set)
+            size = set_size(process_set)
             rows = array.shape[0] if array.ndim else -1
             send = np.full(size, rows // size, np.int64) if rows >= 0 and rows % size == 0 else None
-        return _waiting(core.alltoall_async(array, send, name=request, process_set=process_set))
+        return waiting(core.alltoall_async(array, send, name=request, process_set=process_set))
 
     received = []
 
     def forward(xs):
-        request = _request_name(name, kind="alltoall")
-        out, got = _run_op(
+        request = request_name(name, kind="alltoall")
+        out, got = run_op(
             lambda array, send: exchange(array, send, request),
             [xs[0], split_tensor],
             touts=[xs[0].dtype, tf.int32],
-            shapes=[_rows_shape(xs[0]), tf.TensorShape([None])],
+            shapes=[rows_shape(xs[0]), tf.TensorShape([None])],
             kind="Alltoall",
         )
         received.append(got)
         return [out]
 
     def backward(dys, xs):
-        request = _request_name(None, kind="alltoall_grad")
-        (grad,) = _run_op(
-            lambda g, back: _waiting(
+        request = request_name(None, kind="alltoall_grad")
+        (grad,) = run_op(
+            lambda g, back: waiting(
                 core.alltoall_async(g, back, name=request, process_set=process_set),
                 lambda result: [result[0]],
             ),
@@ -598,7 +384,7 @@ def alltoall(
         )
         return [grad]
 
-    (output,) = _differentiable(forward, backward, [tensor])
+    (output,) = differentiable(forward, backward, [tensor])
     return (output, received[-1]) if given else output
 
 
@@ -623,14 +409,14 @@ def grouped_reducescatter(
             raise ValueError("reducescatter works on dimension 0, but got a 0-d tensor: reshape it")
 
     def forward(xs):
-        request = _request_name(name, kind="reducescatter")
-        return _run_op(
-            lambda *arrays: _waiting(
+        request = request_name(name, kind="reducescatter")
+        return run_op(
+            lambda *arrays: waiting(
                 core.grouped_reducescatter_async(arrays, name=request, **args)
             ),
             xs,
             touts=[x.dtype for x in xs],
-            shapes=[_rows_shape(x) for x in xs],
+            shapes=[rows_shape(x) for x in xs],
             kind="Reducescatter",
         )
 
@@ -640,10 +426,10 @@ def grouped_reducescatter(
         gathered = grouped_allgather(dys, process_set=process_set)
         scale = prescale_factor * postscale_factor
         if args["op"] == ReduceOp.SUM:
-            scale *= _set_size(process_set)
+            scale *= set_size(process_set)
         return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gathered]
 
-    results = _differentiable(forward, backward, xs)
+    results = differentiable(forward, backward, xs)
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed)]
 
 
@@ -683,27 +469,27 @@ def join():
     Returns the last rank to join (an int32 tensor, the same on every rank).
     """
     # join() answers the other ranks' collectives until they all join: it blocks by design.
-    return _run_local(lambda: [np.int32(core.join())], touts=[tf.int32], kind="Join")[0]
+    return run_local(lambda: [np.int32(core.join())], touts=[tf.int32], kind="Join")[0]
 
 
 def barrier(process_set=global_process_set):
     """Wait until every rank of the process set reaches this op (in a graph: runs it)."""
-    request = _request_name(None, kind="barrier")
+    request = request_name(None, kind="barrier")
 
     def start():
         # Through the engine, so a barrier is a submit and a wait like every other collective.
         handle = core.allreduce_async(
             np.zeros(1, np.int8), op=ReduceOp.SUM, name=request, process_set=process_set
         )
-        return _waiting(handle, lambda _: [True])
+        return waiting(handle, lambda _: [True])
 
-    return _run_op(start, [], touts=[tf.bool], shapes=[tf.TensorShape([])], kind="Barrier")[0]
+    return run_op(start, [], touts=[tf.bool], shapes=[tf.TensorShape([])], kind="Barrier")[0]
 
 
 def _fact_op(fact, *, name) -> tf.Tensor:
     """Return an int32 scalar op that gives `fact()` when run."""
     with tf.name_scope(name or "horovodlite"):
-        (fact_op,) = _run_local(lambda: [np.int32(fact())], touts=[tf.int32], kind="Fact")
+        (fact_op,) = run_local(lambda: [np.int32(fact())], touts=[tf.int32], kind="Fact")
         fact_op.set_shape([])
         return fact_op
 

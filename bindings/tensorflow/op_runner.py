@@ -1,0 +1,243 @@
+"""Running the core's collectives as TensorFlow ops: eagerly, inside `tf.function`, in TF1 graphs.
+
+Every op hands numpy arrays to the core's engine and waits for the result. Eagerly it runs at
+once; in a graph it is a `tf.numpy_function` that runs when the graph does (in a TF1 graph, two:
+a submit and a wait, so that waits never hold the threads submits need). Inside `tf.function`
+(and the graph `model.fit` compiles) TensorFlow runs stateful ops in program order, so requests
+keep the engine's submission-order names, as eager code does. In a TF1 graph, ops that do not
+depend on each other may run in any order, so each op takes a name from its place in the graph
+(the same on every rank that built the same graph) and the engine matches requests by it.
+mpi_ops.py builds each collective on these.
+"""
+
+import contextlib
+import itertools
+import threading
+import weakref
+
+import numpy as np
+
+import horovodlite as core
+import tensorflow as tf
+from horovodlite.process_sets import global_process_set
+
+__all__ = [
+    "differentiable",
+    "request_name",
+    "rows_shape",
+    "run_local",
+    "run_op",
+    "set_size",
+    "waiting",
+]
+
+
+# An op that waits for the other ranks holds one of TensorFlow's inter-op threads while it waits.
+# If the ranks' executors picked different ops to run first, every thread of a rank could be held
+# by waits for requests that the other ranks have not submitted yet, because the ops that would
+# submit them are queued behind those waits: a deadlock, however many threads there are, once
+# the graph has enough collectives. So each collective is a submit, which hands the arrays to
+# the engine and never blocks, and a wait; a wait may block only once this rank has submitted
+# every request of the step that does not depend on its result. The engine matches requests by
+# name in any order, so every request is then submitted on every rank and completes.
+#
+# - Eagerly the submit and the wait run at once, one after the other.
+# - Inside tf.function TensorFlow runs stateful ops in program order (automatic control
+#   dependencies), the same on every rank, so one op does both.
+# - In a TF1 graph they are two ops, and every wait gets a control dependency on every submit of
+#   the graph that does not depend on it and reads the same sources (placeholders, variables,
+#   iterators: `_sources`), so fetching one collective never runs a collective that reads
+#   other inputs (a broadcast of the variables is not re-run by every training step, and a
+#   prediction does not need the labels the gradients need).
+
+
+def request_name(name, *, kind: str):
+    """Return the engine's name for a request: the user's, submission order, or graph place."""
+    if name is not None or tf.executing_eagerly() or tf.inside_function():
+        return name
+    return tf.compat.v1.get_default_graph().unique_name(f"horovodlite_{kind}", mark_as_used=True)
+
+
+class _MismatchError(core.MismatchError, tf.errors.FailedPreconditionError):
+    """Ranks disagree about a collective: horovodlite's MismatchError, and the
+    tf.errors.FailedPreconditionError that Horovod's TensorFlow ops raise."""
+
+    def __init__(self, message: str):
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+    def __reduce__(self):
+        return type(self), (self.message,)
+
+
+def _finishing(finish, touts: list):
+    """Return a function that waits for `finish()` and returns its results as `touts`."""
+
+    def wait():
+        try:
+            outs = finish()
+        except _MismatchError:
+            raise
+        except core.MismatchError as error:
+            raise _MismatchError(str(error)) from error
+        return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, touts)]
+
+    return wait
+
+
+def run_op(start, inputs: list, *, touts: list, shapes: list, kind: str) -> list:
+    """Return the tensors that the collective `start(*arrays)` computes, eagerly or in a graph.
+
+    `start` submits to the engine without blocking and returns `finish`, which waits for the
+    other ranks and returns the results (see above for how the two are ordered in graphs).
+    """
+    inputs = [tf.convert_to_tensor(t) for t in inputs]
+    if tf.executing_eagerly():
+        outs = _finishing(start(*(t.numpy() for t in inputs)), touts)()
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
+    if tf.inside_function():
+        outs = tf.numpy_function(
+            lambda *arrays: _finishing(start(*arrays), touts)(),
+            inputs,
+            touts,
+            stateful=True,
+            name=f"Horovodlite{kind}",
+        )
+    else:
+        outs = _submit_then_wait(start, inputs, touts=touts, kind=kind)
+    for out, shape in zip(outs, shapes):
+        out.set_shape(shape)
+    return list(outs)
+
+
+def waiting(handle, results=lambda result: result):
+    """Return the wait for `handle`: its synchronized result, passed through `results`."""
+    return lambda: results(core.synchronize(handle))
+
+
+def run_local(func, *, touts: list, kind: str) -> list:
+    """Return ops that give `func()` when run: no other rank takes part."""
+    if tf.executing_eagerly():
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(func(), touts)]
+    return list(tf.numpy_function(func, [], touts, stateful=True, name=f"Horovodlite{kind}"))
+
+
+# A TF1 graph's submit op hands its wait op a ticket; the pending wait is kept here meanwhile.
+_tickets: dict = {}
+_ticket_lock = threading.Lock()
+_ticket_numbers = itertools.count(1)
+
+
+def _submit_then_wait(start, inputs: list, *, touts: list, kind: str) -> list:
+    """Return the outputs of a TF1 graph's wait op for the collective `start`, after its submit."""
+    last = [None]  # this op's latest ticket
+
+    def submit(*arrays):
+        with _ticket_lock:
+            unclaimed = _tickets.pop(last[0], None)
+        if unclaimed is not None:
+            # A run that fetched another collective of the graph made this one submit (the
+            # control dependencies below), but did not wait for it: every rank submitted it, so
+            # it completes; let it, so its name is free for this run.
+            # Nobody asked for that result, nor for its error.
+            with contextlib.suppress(Exception):
+                unclaimed()
+        finish = _finishing(start(*arrays), touts)
+        with _ticket_lock:
+            ticket = last[0] = next(_ticket_numbers)
+            _tickets[ticket] = finish
+        return np.int64(ticket)
+
+    def wait(ticket):
+        with _ticket_lock:
+            finish = _tickets.pop(int(ticket))
+        return finish()
+
+    token = tf.numpy_function(
+        submit, inputs, tf.int64, stateful=True, name=f"Horovodlite{kind}Submit"
+    )
+    outs = tf.numpy_function(wait, [token], touts, stateful=True, name=f"Horovodlite{kind}")
+    _order(token.op, outs[0].op)
+    return outs
+
+
+class _Collective:
+    """A TF1 graph's submit and wait ops of one collective, and the sources it reads."""
+
+    def __init__(self, submit, wait, sources: frozenset):
+        self.submit, self.wait, self.sources = submit, wait, sources
+
+
+_graph_collectives = weakref.WeakKeyDictionary()  # tf.Graph -> [_Collective]
+
+
+def _ancestors(op) -> set:
+    """Return every op that `op` depends on, through data and control inputs."""
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen
+
+
+def _sources(ancestors: set, ours: set) -> frozenset:
+    """Return the ops among `ancestors` whose values come from outside the graph's computation.
+
+    Those are the placeholders (fed), and the stateful ops without inputs: variables, iterators,
+    queues, readers, the user's own stateful Python ops.
+    """
+    return frozenset(
+        op
+        for op in ancestors
+        if op.type.startswith("Placeholder")
+        or (not op.inputs and op.op_def.is_stateful and op not in ours)
+    )
+
+
+def _order(submit, wait) -> None:
+    """Make every wait of the graph run after every submit that it does not feed (same sources)."""
+    collectives = _graph_collectives.setdefault(submit.graph, [])
+    ours = {op for c in collectives for op in (c.submit, c.wait)} | {submit, wait}
+    ancestors = _ancestors(submit)
+    sources = _sources(ancestors, ours)
+    for other in collectives:
+        if other.sources != sources:
+            continue
+        # Operation._add_control_input is TensorFlow's own way to add a control input to an op
+        # that exists (tf.control_dependencies only reaches ops created inside it). Neither edge
+        # can close a cycle: the new wait feeds nothing yet, and `other.wait` gets this submit
+        # only if it does not feed it.
+        wait._add_control_input(other.submit)
+        if other.wait not in ancestors:
+            other.wait._add_control_input(submit)
+    collectives.append(_Collective(submit, wait, sources))
+
+
+def differentiable(forward, backward, tensors: list) -> list:
+    """Return `forward(tensors)`, with `backward(upstream, tensors)` as its gradient."""
+    if not all(t.dtype.is_floating or t.dtype.is_complex for t in tensors):
+        return forward(tensors)
+
+    @tf.custom_gradient
+    def op(*xs):
+        ys = forward(list(xs))
+
+        def grad(*dys):
+            dys = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys)]
+            return backward(dys, list(xs))
+
+        return ys, grad
+
+    return list(op(*tensors))
+
+
+def rows_shape(tensor) -> tf.TensorShape:
+    """Return the static shape of a result whose dimension 0 is known only at run time."""
+    shape = tensor.shape
+    return tf.TensorShape([None]) + shape[1:] if shape.rank else tf.TensorShape(None)
+
+
+def set_size(process_set) -> int:
+    return (process_set or global_process_set).size()
