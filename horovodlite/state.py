@@ -4,6 +4,7 @@ All mutable global state lives in one `State` object; every getter goes through 
 single "not initialized" guard. `init()` and `shutdown()` (lifecycle.py) create and close it.
 """
 
+import os
 from typing import Any, Callable, NamedTuple, Optional
 
 from mpi4py import MPI
@@ -116,8 +117,9 @@ class State:
         self.homogeneous = len(set(local_sizes)) == 1
         self.process_sets = ProcessSetRegistry(self.comm)
         self.watch = Watch(
-            self.comm.Dup(), settings.collective_timeout, settings.stall_check, generation
-        )
+            self.comm.Dup(), settings.collective_timeout, settings.stall_check, generation,
+            waiting_marker=_waiting_marker(settings.exit_report_dir),
+        )  # fmt: skip
         self.engine: Any = None
 
     def close(self) -> None:
@@ -199,3 +201,10 @@ def mpi_threads_supported() -> bool:
     """Return whether MPI was initialized with MPI_THREAD_MULTIPLE."""
     current()  # Horovod raises before init here too
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def _waiting_marker(folder):
+    """The file whose presence tells horovodlite-run's exit watch that this rank waits on others."""
+    if not folder:
+        return None
+    return os.path.join(folder, f"rank-{MPI.COMM_WORLD.Get_rank()}.waiting")

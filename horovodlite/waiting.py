@@ -22,11 +22,12 @@ waits forever even where the error is caught.
 """
 
 import logging
+import os
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -53,6 +54,7 @@ _SPIN_SECONDS = 50e-6  # test in a tight loop this long: a fast collective ends 
 _FIRST_SLEEP, _MAX_SLEEP = 20e-6, 1e-3
 _LONG_WAIT, _LONG_SLEEP = 1.0, 10e-3  # after a second, test less often: nobody is close
 _NOTICE_AFTER = 1.0  # seconds in one wait before telling the others where this rank waits
+_MARK_AFTER = 0.1  # seconds in one wait before the waiting marker file is created
 _DEPARTURE_GRACE = 2.0  # seconds a wait goes on after a member left, in case it completes
 _TEARDOWN_DELAY = 5.0  # seconds between a fatal error and MPI_Abort: time to print and unwind
 
@@ -65,9 +67,18 @@ class Watch:
         timeout: seconds after which a wait fails (Settings.collective_timeout).
         stall_check: seconds after which a wait logs who is missing, once.
         generation: the number of this init() in the process, the same on every rank.
+        waiting_marker: a file to hold while a wait is long (horovodlite-run's exit watch reads
+            it: a rank that ends while it waits on others did not end the job), or None.
     """
 
-    def __init__(self, comm: MPI.Comm, timeout: float, stall_check: float, generation: int):
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        timeout: float,
+        stall_check: float,
+        generation: int,
+        waiting_marker: Optional[str] = None,
+    ):
         self.comm, self.timeout, self.stall_check = comm, timeout, stall_check
         # MPI may reuse a freed communicator's context for a new one, so a notice sent before a
         # shutdown() could reach the next init()'s Watch: notices carry the init's number.
@@ -80,6 +91,7 @@ class Watch:
         self._waiting: dict = {}  # digest -> ranks that report waiting in it now
         self._mismatched: dict = {}  # digest -> ranks that hold it as an async request
         self._closed = False
+        self._waiting_marker = waiting_marker
 
     # -- notices ------------------------------------------------------------------------------
 
@@ -163,40 +175,46 @@ class Watch:
             if (done := test()) is not None:
                 return done
         # Long waits only from here on: the cost of the lines below no longer matters.
-        delay, noticed, warned, departure_seen = _FIRST_SLEEP, False, False, None
+        delay, noticed, warned, marked, departure_seen = _FIRST_SLEEP, False, False, False, None
         what, identity = about()
-        while (done := test()) is None:
-            time.sleep(delay)
-            waited = time.perf_counter() - start
-            delay = min(2 * delay, _MAX_SLEEP if waited < _LONG_WAIT else _LONG_SLEEP)
-            self.poll()
-            self._check_mismatch(what, identity)
-            gone = [r for r in members if r in self.left]
-            if gone:
-                departure_seen = departure_seen or time.perf_counter()
-                if time.perf_counter() - departure_seen > _DEPARTURE_GRACE:
-                    raise HorovodLiteError(self._departure_message(what, gone))
-            if not noticed and waited > min(_NOTICE_AFTER, self.timeout / 4):
-                noticed = True
-                self._notify(_WAITING, identity, members)
-            if not warned and waited > self.stall_check:
-                warned = True
-                _log.warning(
-                    "horovodlite stall: rank %d has waited %.0f s in %s; %s",
-                    self.comm.rank,
-                    waited,
-                    what,
-                    self._missing_text(identity, members),
-                )
-            if waited > self.timeout:
-                message = (
-                    f"{what} timed out after {self.timeout:g} s (HOROVODLITE_COLLECTIVE_"
-                    f"TIMEOUT): {self._missing_text(identity, members)}; the job is torn down"
-                )
-                teardown_later(message)
-                raise HorovodLiteError(message)
-        if noticed:  # the others learnt that this rank waits here: it no longer does
-            self._notify(_DONE, identity, members)
+        try:
+            while (done := test()) is None:
+                time.sleep(delay)
+                waited = time.perf_counter() - start
+                delay = min(2 * delay, _MAX_SLEEP if waited < _LONG_WAIT else _LONG_SLEEP)
+                self.poll()
+                self._check_mismatch(what, identity)
+                gone = [r for r in members if r in self.left]
+                if gone:
+                    departure_seen = departure_seen or time.perf_counter()
+                    if time.perf_counter() - departure_seen > _DEPARTURE_GRACE:
+                        raise HorovodLiteError(self._departure_message(what, gone))
+                if not marked and waited > _MARK_AFTER and self._waiting_marker:
+                    marked = _mark(self._waiting_marker, True)
+                if not noticed and waited > min(_NOTICE_AFTER, self.timeout / 4):
+                    noticed = True
+                    self._notify(_WAITING, identity, members)
+                if not warned and waited > self.stall_check:
+                    warned = True
+                    _log.warning(
+                        "horovodlite stall: rank %d has waited %.0f s in %s; %s",
+                        self.comm.rank,
+                        waited,
+                        what,
+                        self._missing_text(identity, members),
+                    )
+                if waited > self.timeout:
+                    message = (
+                        f"{what} timed out after {self.timeout:g} s (HOROVODLITE_COLLECTIVE_"
+                        f"TIMEOUT): {self._missing_text(identity, members)}; the job is torn down"
+                    )
+                    teardown_later(message)
+                    raise HorovodLiteError(message)
+            if noticed:  # the others learnt that this rank waits here: it no longer does
+                self._notify(_DONE, identity, members)
+        finally:  # also when the wait fails: this rank no longer waits
+            if marked:
+                _mark(self._waiting_marker, False)
         return done
 
     def _check_mismatch(self, what: str, identity: int) -> None:
@@ -225,6 +243,18 @@ class Watch:
             f"{what} cannot complete: {reasons} while rank {self.comm.rank} waited for it "
             "(every rank must call the same collectives before it shuts down or exits)"
         )
+
+
+def _mark(path: str, present: bool) -> bool:
+    """Create or remove the file `path`; return whether it was created. Never an error."""
+    try:
+        if present:
+            open(path, "w").close()
+        else:
+            os.remove(path)
+        return present
+    except OSError:
+        return False
 
 
 def close_notes(sends: list, receive: MPI.Request, seconds: float = 1.0) -> None:

@@ -238,8 +238,9 @@ def main(argv: list | None = None) -> int:
         with ExitWatch() as watch, _environment(watch.environment):
             run = _run_simulated if args.simulated_hosts is not None else _run
             status = run(args, settings, mpi_args)
-            if status != 0 and watch.message():
-                print(f"horovodlite-run: {watch.message()}", file=sys.stderr)
+            message = watch.message() if status != 0 else None
+            if message:
+                print(f"horovodlite-run: {message}", file=sys.stderr)
             return status
     except (ValueError, OSError) as exc:
         print(f"horovodlite-run: error: {exc}", file=sys.stderr)

@@ -3,9 +3,10 @@
 Such a process runs no Python on its way out, and the MPI launcher then kills the other ranks
 before they can say anything (measured: MPICH's Hydra reports the pid of a rank it killed).
 So horovodlite-run watches from outside: each rank of this host writes its pid to a private
-folder at init() and marks an orderly leave at shutdown (lifecycle.py); a thread here waits on
-the ranks' processes through pidfds and remembers the first that ended without that mark. If
-the job then fails, the launcher names it. Ranks on other hosts are not watched.
+folder at init(), marks an orderly leave at shutdown (lifecycle.py) and marks the waits on
+other ranks that last (waiting.py); a thread here waits on the ranks' processes through pidfds.
+If the job fails, the launcher names the first rank that ended without leaving and was not
+waiting on others. Ranks on other hosts are not watched.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class ExitWatch:
 
     def __init__(self):
         self.folder = tempfile.mkdtemp(prefix="horovodlite-ranks-")
-        self.first_unannounced: list = []  # [(rank, pid)] that ended first without leaving
+        self._ended: list = []  # (batch, rank, pid) of ranks that ended without leaving
+        self._batch = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="horovodlite-exit-watch",
                                         daemon=True)  # fmt: skip
@@ -46,36 +48,55 @@ class ExitWatch:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        for fd in self._pidfds:
-            os.close(fd)
+        self._finish()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def message(self) -> str | None:
-        """Say which rank ended first without leaving horovodlite, if one did."""
-        if not self.first_unannounced:
+        """Say which rank ended the job without leaving horovodlite, if one did.
+
+        Call it once the job has ended. A rank that died while it waited on others (it had
+        marked its wait, waiting.py) was killed after the one that ended the job: among the
+        ranks that ended without leaving, the first that was not waiting is named, else the
+        first to be seen.
+        """
+        self._finish()
+        culprits = [e for e in self._ended if not self._marked(e[1], "waiting")] or self._ended
+        if not culprits:
             return None
-        ranks = ", ".join(f"rank {rank} (pid {pid})" for rank, pid in self.first_unannounced)
+        first = [(rank, pid) for batch, rank, pid in culprits if batch == culprits[0][0]]
+        named = ", ".join(f"rank {rank} (pid {pid})" for rank, pid in sorted(first))
         return (
-            f"{ranks} ended without leaving horovodlite (os._exit, a signal such as SIGKILL "
+            f"{named} ended without leaving horovodlite (os._exit, a signal such as SIGKILL "
             "or the out-of-memory killer, or a crash) while the job ran; the MPI launcher then "
             "stopped the other ranks"
         )
+
+    def _finish(self) -> None:
+        """Stop the thread, then note what ended since its last look."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self._pidfds:
+            self._collect(0)
+        for fd in self._pidfds:
+            os.close(fd)
+        self._pidfds.clear()
 
     def _watch(self) -> None:
         host = socket.gethostname()
         while not self._stop.is_set():
             self._open_new(host)
-            if not self._pidfds:
+            if self._pidfds:
+                self._collect(_POLL)
+            else:
                 self._stop.wait(_POLL)
-                continue
-            ready, _, _ = select.select(list(self._pidfds), [], [], _POLL)
-            ended = [self._pidfds.pop(fd) for fd in ready]
-            for fd in ready:
-                os.close(fd)
-            self._note([(rank, pid) for rank, pid in ended if not self._left(rank)])
+
+    def _collect(self, timeout: float) -> None:
+        ready, _, _ = select.select(list(self._pidfds), [], [], timeout)
+        ended = [self._pidfds.pop(fd) for fd in ready]
+        for fd in ready:
+            os.close(fd)
+        self._note(ended)
 
     def _open_new(self, host: str) -> None:
         gone = []
@@ -94,15 +115,16 @@ class ExitWatch:
             try:
                 self._pidfds[os.pidfd_open(pid)] = (rank, pid)
             except ProcessLookupError:  # ended before we looked
-                if not self._left(rank):
-                    gone.append((rank, pid))
+                gone.append((rank, pid))
             except OSError:
                 continue
         self._note(gone)
 
-    def _left(self, rank: int) -> bool:
-        return os.path.exists(os.path.join(self.folder, f"rank-{rank}.left"))
+    def _marked(self, rank: int, what: str) -> bool:
+        return os.path.exists(os.path.join(self.folder, f"rank-{rank}.{what}"))
 
     def _note(self, ended: list) -> None:
-        if ended and not self.first_unannounced:
-            self.first_unannounced = sorted(ended)
+        unannounced = [(rank, pid) for rank, pid in ended if not self._marked(rank, "left")]
+        if unannounced:
+            self._batch += 1
+            self._ended += [(self._batch, rank, pid) for rank, pid in unannounced]
