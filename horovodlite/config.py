@@ -49,7 +49,8 @@ class Settings:
 
     Attributes:
         check_metadata: CHECK_METADATA (default on): agree on every collective's metadata first.
-        allreduce_algorithm: ALLREDUCE_ALGORITHM: "ring", "naive", "mpi", or None (by size).
+        allreduce_algorithm: ALLREDUCE_ALGORITHM: "ring", "naive", "mpi", "hierarchical", or
+            None (by size); HIERARCHICAL_ALLREDUCE=1 (Horovod's too) means "hierarchical".
         ring_segment_bytes: RING_SEGMENT_BYTES (1 MiB): the ring's largest single message.
         cycle_time: CYCLE_TIME (ms; Horovod's too), stored in seconds: the engine's cycle.
         fusion_threshold: FUSION_THRESHOLD (bytes; Horovod's too): 0 disables fusion.
@@ -88,6 +89,8 @@ class Settings:
             ValueError: a value does not parse, or names no known algorithm.
         """
         algorithm = env_value("ALLREDUCE_ALGORITHM", None)
+        if algorithm is None and env_value("HIERARCHICAL_ALLREDUCE", False, env_flag, True):
+            algorithm = "hierarchical"  # Horovod's switch for the same thing
         try:
             algorithm = algorithms.requested_algorithm(algorithm)
         except ValueError as exc:

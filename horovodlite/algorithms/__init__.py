@@ -10,6 +10,7 @@ fusion code runs it for op=Adasum, whatever algorithm was asked for.
 """
 
 from .adasum import ADASUM_DTYPES, adasum_allreduce, is_power_of_two
+from .hierarchical import hierarchical_allreduce
 from .naive import naive_allreduce
 from .native import mpi_allreduce, mpi_reducescatter, supports
 from .ring import ring_allreduce, ring_reducescatter
@@ -25,7 +26,12 @@ __all__ = [
     "requested_algorithm",
 ]
 
-ALLREDUCE = {"ring": ring_allreduce, "naive": naive_allreduce, "mpi": mpi_allreduce}
+ALLREDUCE = {
+    "ring": ring_allreduce,
+    "naive": naive_allreduce,
+    "mpi": mpi_allreduce,
+    "hierarchical": hierarchical_allreduce,
+}
 REDUCESCATTER = {"ring": ring_reducescatter, "mpi": mpi_reducescatter}
 
 # Up to this size the MPI library's own all-reduce (in C) wins: latency dominates, and on shared

@@ -26,12 +26,14 @@ from mpi4py import MPI
 __all__ = ["ALL_CONTENDERS", "COLLECTIVES", "Case", "Contender", "make_contenders", "pattern"]
 
 COLLECTIVES = ("allreduce", "broadcast", "allgather", "reducescatter")
-ALL_CONTENDERS = ("ring", "naive", "mpi", "auto", "auto-nocheck", "mpi-native", "gloo")
+ALL_CONTENDERS = ("ring", "naive", "mpi", "hierarchical", "auto", "auto-nocheck", "mpi-native",
+                  "gloo")  # fmt: skip
 
 _HOROVODLITE_SUPPORT = {
     "ring": ("allreduce", "reducescatter"),
     "naive": ("allreduce",),
     "mpi": ("allreduce", "reducescatter"),
+    "hierarchical": ("allreduce",),
     "auto": COLLECTIVES,
     "auto-nocheck": COLLECTIVES,
 }

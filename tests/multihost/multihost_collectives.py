@@ -16,7 +16,7 @@ import horovodlite as hvd
 
 SLOTS = int(os.environ["HOROVODLITE_TEST_SLOTS_PER_HOST"])
 ROOT_NETNS = int(os.environ["HOROVODLITE_TEST_ROOT_NETNS"])
-ALGORITHMS = ("ring", "naive", "mpi")
+ALGORITHMS = ("ring", "naive", "mpi", "hierarchical")
 DTYPES = (np.float32, np.float64, np.float16, ml_dtypes.bfloat16, np.int32, np.uint8)
 OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max}
 
@@ -81,6 +81,21 @@ def test_large_allreduce_over_the_network(algorithm):
     out = hvd.allreduce(mine, op=hvd.Sum, algorithm=algorithm, name=f"large.{algorithm}")
     expected = all_contributions((count,), np.float32, 7).sum(axis=0).astype(np.float32)
     np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("count", [3, 1001, (1 << 18) + 7])
+def test_hierarchical_allreduce_is_bitwise_equal_on_every_rank(count):
+    # Random floats, whose sums round differently in every order: each element's final value
+    # must still be computed once and copied, so all ranks hold the same bits.
+    rng = np.random.default_rng([count, hvd.rank()])
+    mine = rng.standard_normal(count).astype(np.float32)
+    out = hvd.allreduce(mine, op=hvd.Average, algorithm="hierarchical", name=f"bits.{count}")
+    results = hvd.allgather_object(out.tobytes())
+    assert all(r == results[0] for r in results)
+    # It took the hierarchical path (2 hosts of 2 ranks), not the flat ring it falls back to.
+    assert any(t is not None for t in hvd.algorithms.hierarchical._topologies.values())
+    inputs = hvd.allgather_object(mine)
+    np.testing.assert_allclose(out, np.mean(inputs, axis=0, dtype=np.float64), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("shape", [(0,), (5, 3), (100_000,)])

@@ -432,3 +432,12 @@ def test_mismatch_across_the_inline_limit_fails_on_every_rank():
         f"rank {bad} failed before sending", "read-only",
     )  # fmt: skip
     still_in_step()
+
+
+def test_hierarchical_on_one_host_is_the_ring():
+    # One host (or one rank per host): nothing to split, so the flat ring runs, bit for bit.
+    rng = np.random.default_rng([7, hvd.rank()])
+    x = rng.standard_normal(1001).astype(np.float32)
+    ring = hvd.allreduce(x, op=hvd.Sum, algorithm="ring", name="flat")
+    hierarchical = hvd.allreduce(x, op=hvd.Sum, algorithm="hierarchical", name="hier")
+    assert ring.tobytes() == hierarchical.tobytes()
