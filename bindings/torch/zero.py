@@ -43,6 +43,7 @@ class _ZeroMixin:
         self._zero_stage, self._zero_settings = stage, settings
         process_set = settings.process_set
         groups = self.param_groups
+        self._zero_group_sizes = [len(g["params"]) for g in groups]  # the unsharded layout
         self._zero_params = [p for group in groups for p in group["params"]]
         self._zero_names = names
         _check_same_model(self._zero_params, names, process_set)
@@ -69,6 +70,7 @@ class _ZeroMixin:
         rank = process_set.rank()
         self._zero_pieces = [b.pieces(rank, sizes) for b in self._zero_buckets]
         self._zero_shard = {}  # (bucket, piece index) -> shard parameter
+        self._zero_piece_of = {}  # id(shard parameter) -> its piece
         shards_of = collections.defaultdict(list)  # parameter index -> its shard parameters
         for b, pieces in enumerate(self._zero_pieces):
             for k, piece in enumerate(pieces):
@@ -76,12 +78,12 @@ class _ZeroMixin:
                 view = full.detach().view(-1)[piece.start : piece.stop]
                 shard = torch.nn.Parameter(view, requires_grad=True)
                 self._zero_shard[b, k] = shard
-                shards_of[piece.param].append((piece, shard))
-        self._zero_shards_of = shards_of
+                self._zero_piece_of[id(shard)] = piece
+                shards_of[piece.param].append(shard)
         index = {p: i for i, p in enumerate(self._zero_params)}
         self.param_groups = [
             {**{k: v for k, v in group.items() if k != "params"},
-             "params": [s for p in group["params"] for _, s in shards_of[index[p]]]}
+             "params": [s for p in group["params"] for s in shards_of[index[p]]]}
             for group in groups
         ]  # fmt: skip
         self.state = collections.defaultdict(dict)
@@ -462,13 +464,9 @@ def ZeroOptimizer(
     cls = type(optimizer.__class__.__name__, (_ZeroMixin, optimizer.__class__), {})
     zero = cls.__new__(cls)
     zero.__dict__.update(optimizer.__dict__)
-    zero._zero_group_sizes = [len(g["params"]) for g in optimizer.param_groups]
     index_names = {i: names[p] for i, p in enumerate(params)}
     zero._zero_setup(names=index_names, stage=stage, settings=settings,
                      bucket_bytes=int(bucket_cap_mb * 2**20))  # fmt: skip
-    zero._zero_piece_of = {
-        id(shard): zero._zero_pieces[b][k] for (b, k), shard in zero._zero_shard.items()
-    }
     if existing is not None:
         zero.load_state_dict(existing)
     return zero
