@@ -8,12 +8,17 @@ counts as unset.
 """
 
 import os
+import tempfile
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import algorithms
 
-__all__ = ["Settings", "env_value", "env_flag"]
+__all__ = ["Settings", "env_value", "env_flag", "HOSTS_UPDATED_EXIT_CODE"]
+
+# The exit status with which every rank of an elastic job leaves after `commit()` saw new hosts:
+# the launcher restarts the job at the larger size from that commit instead of counting a failure.
+HOSTS_UPDATED_EXIT_CODE = 75
 
 
 def env_value(name: str, default, cast: Callable = str, horovod: bool = False):
@@ -66,6 +71,15 @@ class Settings:
         exit_report_dir: EXIT_REPORT_DIR, set by horovodlite-run: a folder where each rank
             notes its process at init() and its leaving at shutdown, so that the launcher can
             name a rank that ended without leaving (os._exit, a signal, a crash).
+        elastic_job_id: ELASTIC_JOB_ID, set by `horovodlite-run --min-np/--max-np`: the elastic
+            job this process belongs to (the same across restarts), or None outside elastic runs.
+        elastic_dir: ELASTIC_DIR (default: `horovodlite-elastic` in the system temp folder): where
+            each rank keeps its durable copies of the committed state, under the job id.
+        elastic_hosts_file: ELASTIC_HOSTS_FILE, set by the elastic launcher: a file it rewrites
+            (one line, a counter) whenever host discovery finds new slots, which `commit()` and
+            `check_host_updates()` watch.
+        elastic_restart: ELASTIC_RESTART (0): how many times the elastic launcher restarted the
+            job before this run.
     """
 
     check_metadata: bool = True
@@ -80,6 +94,10 @@ class Settings:
     timeline_mark_cycles: bool = False
     overlap: Optional[bool] = None
     exit_report_dir: Optional[str] = None
+    elastic_job_id: Optional[str] = None
+    elastic_dir: str = os.path.join(tempfile.gettempdir(), "horovodlite-elastic")
+    elastic_hosts_file: Optional[str] = None
+    elastic_restart: int = 0
 
     @classmethod
     def from_environment(cls) -> "Settings":
@@ -115,6 +133,10 @@ class Settings:
             timeline_mark_cycles=bool(env_value("TIMELINE_MARK_CYCLES", 0, int, horovod=True)),
             overlap=env_value("OVERLAP", None, env_flag),
             exit_report_dir=env_value("EXIT_REPORT_DIR", None, str),
+            elastic_job_id=env_value("ELASTIC_JOB_ID", None, str),
+            elastic_dir=env_value("ELASTIC_DIR", cls.elastic_dir, str),
+            elastic_hosts_file=env_value("ELASTIC_HOSTS_FILE", None, str),
+            elastic_restart=env_value("ELASTIC_RESTART", 0, int),
         )
 
 
