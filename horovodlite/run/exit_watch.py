@@ -59,17 +59,26 @@ class ExitWatch:
         ranks that ended without leaving, the first that was not waiting is named, else the
         first to be seen.
         """
-        self._finish()
-        culprits = [e for e in self._ended if not self._marked(e[1], "waiting")] or self._ended
-        if not culprits:
+        first = self.culprits()
+        if not first:
             return None
-        first = [(rank, pid) for batch, rank, pid in culprits if batch == culprits[0][0]]
-        named = ", ".join(f"rank {rank} (pid {pid})" for rank, pid in sorted(first))
+        named = ", ".join(f"rank {rank} (pid {pid})" for rank, pid in first)
         return (
             f"{named} ended without leaving horovodlite (os._exit, a signal such as SIGKILL "
             "or the out-of-memory killer, or a crash) while the job ran; the MPI launcher then "
             "stopped the other ranks"
         )
+
+    def culprits(self) -> list:
+        """Return the (rank, pid) pairs that message() names, sorted; empty if none.
+
+        Call it once the job has ended.
+        """
+        self._finish()
+        culprits = [e for e in self._ended if not self._marked(e[1], "waiting")] or self._ended
+        if not culprits:
+            return []
+        return sorted((rank, pid) for batch, rank, pid in culprits if batch == culprits[0][0])
 
     def _finish(self) -> None:
         """Stop the thread, then note what ended since its last look."""
