@@ -6,7 +6,7 @@ comes from.
 """
 
 from ..asynchronous import start_timeline, stop_timeline
-from ..exceptions import HorovodInternalError, HorovodLiteError
+from ..exceptions import HorovodInternalError, HorovodLiteError, HostsUpdatedInterrupt
 from ..lifecycle import init, shutdown
 from ..ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
@@ -38,7 +38,7 @@ from ..version import __version__
 # fmt: off
 __all__ = [
     "start_timeline", "stop_timeline",
-    "HorovodInternalError", "HorovodLiteError",
+    "HorovodInternalError", "HorovodLiteError", "HostsUpdatedInterrupt",
     "init", "shutdown",
     "Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum",
     "ProcessSet", "add_process_set", "global_process_set", "remove_process_set",
