@@ -16,6 +16,14 @@ import subprocess
 import sys
 
 from ..version import __version__
+from .elastic import (
+    DEFAULT_DISCOVERY_INTERVAL,
+    DEFAULT_ELASTIC_TIMEOUT,
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_RESTART_DELAY,
+    ElasticLauncher,
+    check_options,
+)
 from .errors import LaunchError
 from .exit_watch import ExitWatch
 from .hosts import (
@@ -95,6 +103,48 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="SECONDS",
         help="warn when a collective waits this long for some ranks",
+    )
+    elastic = parser.add_argument_group(
+        "elastic training",
+        "restart the job when a worker fails and resize it to the slots available "
+        "(any of these flags makes the run elastic; see docs/elastic.md)",
+    )
+    elastic.add_argument("--min-np", type=int, metavar="A",
+                         help="fewest processes the job runs with (default: -np)")  # fmt: skip
+    elastic.add_argument("--max-np", type=int, metavar="B",
+                         help="most processes the job grows to (default: -np)")  # fmt: skip
+    elastic.add_argument(
+        "--host-discovery-script",
+        metavar="SCRIPT",
+        help="executable printing the available hosts, one 'hostname:slots' or 'hostname' a "
+        "line; run at each start and every --discovery-interval seconds",
+    )
+    elastic.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="K",
+        help=f"restarts after failures before giving up (default {DEFAULT_MAX_RESTARTS}; "
+        "restarts to add hosts are not counted)",
+    )
+    elastic.add_argument(
+        "--restart-delay",
+        type=float,
+        metavar="SECONDS",
+        help=f"pause before a restart (default {DEFAULT_RESTART_DELAY:g})",
+    )
+    elastic.add_argument(
+        "--discovery-interval",
+        type=float,
+        metavar="SECONDS",
+        help=f"how often the discovery script runs while the job runs (default "
+        f"{DEFAULT_DISCOVERY_INTERVAL:g})",
+    )
+    elastic.add_argument(
+        "--elastic-timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"how long to wait for --min-np slots before giving up (default "
+        f"{DEFAULT_ELASTIC_TIMEOUT:g})",
     )
     parser.add_argument(
         "--skip-host-check",
@@ -198,6 +248,46 @@ def _run(args, settings: dict, mpi_args: list) -> int:
     return execute(argv, {**os.environ, **settings})
 
 
+_ELASTIC_FLAGS = ("min_np", "max_np", "host_discovery_script", "max_restarts", "restart_delay",
+                  "discovery_interval", "elastic_timeout")  # fmt: skip
+
+
+def _is_elastic(args) -> bool:
+    return any(getattr(args, name) is not None for name in _ELASTIC_FLAGS)
+
+
+def _run_elastic(args, settings: dict, mpi_args: list) -> int:
+    if args.host_discovery_script is not None and (
+        args.hosts is not None or args.hostfile is not None
+    ):
+        raise ValueError("--host-discovery-script replaces -H/--hostfile: give one or the other")
+    static = None
+    if args.hosts is not None:
+        static = launcher_hosts(parse_hosts(args.hosts))
+    elif args.hostfile is not None:
+        static = launcher_hosts(parse_hostfile(args.hostfile))
+    num_proc = args.num_proc
+    if num_proc is None and args.min_np is None and args.max_np is None and static:
+        num_proc = sum(h.slots for h in static)
+    options = check_options(
+        num_proc, args.min_np, args.max_np, args.max_restarts, args.restart_delay,
+        args.host_discovery_script, args.discovery_interval, args.elastic_timeout,
+    )  # fmt: skip
+    launch = dict(static_hosts=static, skip_host_check=args.skip_host_check,
+                  verbose=args.verbose)  # fmt: skip
+    if args.simulated_hosts is None:
+        return ElasticLauncher(options, args.command, settings, mpi_args, **launch).run()
+    from .simcluster import SimulatedCluster
+
+    count, rate, delay = parse_simulated_hosts(args.simulated_hosts)
+    with SimulatedCluster(count, rate=rate, delay=delay) as cluster:
+        if args.verbose:
+            print(cluster.describe(), file=sys.stderr)
+        launch["static_hosts"] = None
+        return ElasticLauncher(options, args.command, settings, mpi_args, cluster=cluster,
+                               **launch).run()  # fmt: skip
+
+
 @contextlib.contextmanager
 def _environment(variables: dict):
     """Set `variables` in os.environ for the block (main() may run inside a user's process)."""
@@ -233,6 +323,8 @@ def main(argv: list | None = None) -> int:
             mpi_args = shlex.split(args.mpi_args)
         except ValueError as exc:
             raise ValueError(f"--mpi-args {args.mpi_args!r}: {exc}") from None
+        if _is_elastic(args):  # each run of an elastic job has its own exit watch
+            return _run_elastic(args, settings, mpi_args)
         # The watch's folder reaches the ranks of this host through the environment they
         # inherit, not the command line: ranks elsewhere cannot write to it.
         with ExitWatch() as watch, _environment(watch.environment):
