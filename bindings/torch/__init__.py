@@ -3,7 +3,7 @@
 from horovodlite.training import common
 from horovodlite.training.common import *  # noqa: F403
 
-from . import functions, mpi_ops
+from . import elastic, functions, mpi_ops, pipeline
 from .compression import Compression
 from .functions import *  # noqa: F403
 from .mpi_ops import *  # noqa: F403
@@ -12,7 +12,7 @@ from .sync_batch_norm import SyncBatchNorm
 from .zero import ZeroOptimizer
 
 # Its own names, the core's that every binding shares, and all of mpi_ops' and functions'.
-__all__ = ["Compression", "DistributedOptimizer", "SyncBatchNorm", "ZeroOptimizer"]
+__all__ = ["Compression", "DistributedOptimizer", "SyncBatchNorm", "ZeroOptimizer", "elastic"]
 __all__ += common.__all__
 __all__ += mpi_ops.__all__
 __all__ += functions.__all__
