@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..config import HOSTS_UPDATED_EXIT_CODE
+from ..training.commit_store import CommitStore
 from .errors import LaunchError
 from .exit_watch import ExitWatch
 from .hosts import Host, _parse_entry, hosts_argument, is_local, launcher_hosts, ssh_probe
@@ -226,23 +227,27 @@ def place(hosts: list, np: int) -> list:
     return placed
 
 
-# The worker side (horovodlite/training/elastic.py) keeps each commit as
-# {elastic_dir}/{job_id}/...; reading the newest one's number is all the launcher needs.
-_COMMIT_NAME = re.compile(r"^commit-(\d+)")
-
-
 def newest_commit(folder: str) -> int | None:
-    """Return the number of the newest complete commit in `folder`, or None if there is none."""
+    """Return the number of the newest intact commit any rank keeps in `folder`, or None.
+
+    `folder` is {elastic_dir}/{job_id}; each rank keeps its commits in rank-R/ inside it
+    (training/commit_store.py). Commit files are checked as the workers check them, newest
+    first, so a file cut short is passed over as the workers pass it over.
+    """
     try:
-        names = os.listdir(folder)
+        ranks = [name for name in os.listdir(folder) if name.startswith("rank-")]
     except OSError:
         return None
-    numbers = []
-    for name in names:
-        found = _COMMIT_NAME.match(name)
-        if found and not name.endswith((".tmp", ".part")):
-            numbers.append(int(found.group(1)))
-    return max(numbers, default=None)
+    stores = [CommitStore(os.path.join(folder, name)) for name in ranks]
+    candidates = sorted(
+        ((number, store) for store in stores for number in store.numbers()),
+        key=lambda pair: pair[0],
+        reverse=True,
+    )
+    for number, store in candidates:
+        if store.read(number) is not None:
+            return number
+    return None
 
 
 def _log(message: str) -> None:
