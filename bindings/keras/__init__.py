@@ -7,7 +7,7 @@ from horovodlite import allgather_object, broadcast_object
 from horovodlite.training import common
 from horovodlite.training.common import *  # noqa: F403
 
-from . import callbacks, functions
+from . import callbacks, elastic, functions
 from .compression import Compression
 from .functions import *  # noqa: F403
 from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, load_model
@@ -19,6 +19,7 @@ __all__ = [
     "PartialDistributedOptimizer",
     "load_model",
     "callbacks",
+    "elastic",
     "broadcast_object",
     "allgather_object",
 ]
