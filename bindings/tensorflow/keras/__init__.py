@@ -10,7 +10,7 @@ from horovodlite.keras import *  # noqa: F403
 from horovodlite import keras as _keras
 
 # Importing the submodule makes `callbacks` this package's one: the same callback classes
-# under Horovod's path horovod.tensorflow.keras.callbacks.
-from . import callbacks  # noqa: F401
+# under Horovod's path horovod.tensorflow.keras.callbacks (and `elastic` likewise).
+from . import callbacks, elastic  # noqa: F401
 
 __all__ = list(_keras.__all__)
