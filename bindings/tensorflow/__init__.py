@@ -34,4 +34,9 @@ def __getattr__(name):
         from .sync_batch_norm import SyncBatchNormalization
 
         return SyncBatchNormalization
+    if name == "elastic":
+        # hvd.elastic (TensorFlowKerasState needs Keras): loaded on first use, as above.
+        import importlib
+
+        return importlib.import_module(".elastic", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
