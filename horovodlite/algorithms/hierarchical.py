@@ -55,4 +55,4 @@ def hierarchical_allreduce(comm, buf, op, xp, segment_bytes: int) -> None:
     lo, hi = bounds[local.rank]
     if hi > lo:  # the same on every host: the hosts' buffers and sizes are equal
         ring_allreduce(cross, buf[lo:hi], op, xp, segment_bytes)
-    allgather_chunks(local, buf, bounds)
+    allgather_chunks(local, buf, bounds, segment_bytes)

@@ -3,6 +3,13 @@
 With n ranks and N bytes, each rank sends 2(n-1)/n * N bytes in 2(n-1) steps: the
 bandwidth-optimal schedule. Each chunk's final value is computed by exactly one rank and then
 copied, so every rank ends with bitwise-identical results.
+
+The 2(n-1) steps run as one pipeline. At step t rank r sends chunk r-t-1 to its right neighbour
+and receives chunk r-t-2 from its left (adding it to its own during the scatter-reduce, the first
+n-1 steps; storing it during the all-gather), so what a rank sends at step t+1 is what it
+received at step t. Chunks travel as segments, and each segment goes on to the right as soon as
+it has arrived and been reduced, while the rest of the step is still on the wire: the link never
+waits for a whole step to finish, nor for Python to reduce the step's last segment.
 """
 
 from mpi4py import MPI
@@ -13,60 +20,86 @@ from .scratch import chunk_bounds, scratch
 
 __all__ = ["ring_allreduce", "ring_reducescatter", "scatter_reduce", "allgather_chunks"]
 
-_TAG_SCATTER_REDUCE = 11
-_TAG_ALLGATHER = 12
+_TAG_RING = 11
 
 
 def _segments(start: int, stop: int, step: int):
     return [(lo, min(lo + step, stop)) for lo in range(start, stop, step)] or [(start, start)]
 
 
-def scatter_reduce(comm, buf, bounds, op, xp, segment_bytes: int) -> None:
-    """Reduce chunk `bounds[r]` of every rank's `buf` into rank r's `buf`, in n-1 steps.
+def _ring_steps(comm, buf, bounds, op, xp, segment_bytes: int, first: int, last: int) -> None:
+    """Run steps `first` to `last - 1` of the 2(n-1) ring steps on `buf` (see the module text).
 
-    At step s rank r sends chunk r-s-1 to its right neighbour and receives chunk r-s-2 from its
-    left, adding it to its own; after n-1 steps chunk r holds the reduction over all ranks.
+    Steps below n-1 reduce what they receive; the others store it. One receive-ahead: a step's
+    receives are posted when the step before it starts, into the other of two scratch buffers.
     """
     n, r = comm.size, comm.rank
+    if first >= last:
+        return
     right, left = (r + 1) % n, (r - 1) % n
     wire = wire_type(buf.dtype)
-    # Large chunks travel as segments so that reducing one overlaps receiving the next.
     segment = max(1, segment_bytes // buf.dtype.itemsize)
-    incoming = scratch(xp, buf.dtype, max(hi - lo for lo, hi in bounds))
-    for step in range(n - 1):
-        send_lo, send_hi = bounds[(r - step - 1) % n]
-        recv_lo, recv_hi = bounds[(r - step - 2) % n]
-        recv_segments = _segments(recv_lo, recv_hi, segment)
-        receives = [
-            comm.Irecv([incoming[lo - recv_lo : hi - recv_lo], wire], left, _TAG_SCATTER_REDUCE)
-            for lo, hi in recv_segments
-        ]
-        sends = [
-            comm.Isend([buf[lo:hi], wire], right, _TAG_SCATTER_REDUCE)
-            for lo, hi in _segments(send_lo, send_hi, segment)
-        ]
-        for (lo, hi), request in zip(recv_segments, receives):
+    if first < n - 1:
+        longest = max(hi - lo for lo, hi in bounds)
+        incoming = [scratch(xp, buf.dtype, longest, slot) for slot in (0, 1)]
+    sending = []  # (lo, hi, request) of every send that may still read buf[lo:hi]
+
+    def received_segments(t):
+        return _segments(*bounds[(r - t - 2) % n], segment)
+
+    def wait_sends_reading(lo, hi):
+        # A receive must not overwrite what a send still reads (the all-gather writes into the
+        # chunks that the scatter-reduce sent from).
+        still = []
+        for send in sending:
+            if send[0] < hi and lo < send[1]:
+                send[2].Wait()
+            else:
+                still.append(send)
+        sending[:] = still
+
+    def post_receives(t):
+        if t >= last:
+            return []
+        requests = []
+        for lo, hi in received_segments(t):
+            if t < n - 1:
+                start = bounds[(r - t - 2) % n][0]
+                target = incoming[t % 2][lo - start : hi - start]
+            else:
+                wait_sends_reading(lo, hi)
+                target = buf[lo:hi]
+            requests.append(comm.Irecv([target, wire], left, _TAG_RING))
+        return requests
+
+    def send(lo, hi):
+        sending.append((lo, hi, comm.Isend([buf[lo:hi], wire], right, _TAG_RING)))
+
+    for lo, hi in _segments(*bounds[(r - first - 1) % n], segment):
+        send(lo, hi)
+    receives = post_receives(first)
+    for t in range(first, last):
+        ahead = post_receives(t + 1)
+        start = bounds[(r - t - 2) % n][0]
+        for (lo, hi), request in zip(received_segments(t), receives):
             request.Wait()
-            reduce_into(xp, buf[lo:hi], incoming[lo - recv_lo : hi - recv_lo], op)
-        MPI.Request.Waitall(sends)
+            if t < n - 1:
+                reduce_into(xp, buf[lo:hi], incoming[t % 2][lo - start : hi - start], op)
+            if t + 1 < last:
+                send(lo, hi)  # what arrived at step t leaves at step t+1
+        receives = ahead
+    MPI.Request.Waitall([request for _, _, request in sending])
 
 
-def allgather_chunks(comm, buf, bounds) -> None:
+def scatter_reduce(comm, buf, bounds, op, xp, segment_bytes: int) -> None:
+    """Reduce chunk `bounds[r]` of every rank's `buf` into rank r's `buf`, in n-1 steps."""
+    _ring_steps(comm, buf, bounds, op, xp, segment_bytes, 0, comm.size - 1)
+
+
+def allgather_chunks(comm, buf, bounds, segment_bytes: int) -> None:
     """Give every rank all chunks, where rank r starts with chunk `bounds[r]`, in n-1 steps."""
-    n, r = comm.size, comm.rank
-    right, left = (r + 1) % n, (r - 1) % n
-    wire = wire_type(buf.dtype)
-    for step in range(n - 1):
-        send_lo, send_hi = bounds[(r - step) % n]
-        recv_lo, recv_hi = bounds[(r - step - 1) % n]
-        comm.Sendrecv(
-            [buf[send_lo:send_hi], wire],
-            right,
-            _TAG_ALLGATHER,
-            [buf[recv_lo:recv_hi], wire],
-            left,
-            _TAG_ALLGATHER,
-        )
+    n = comm.size
+    _ring_steps(comm, buf, bounds, None, None, segment_bytes, n - 1, 2 * (n - 1))
 
 
 def ring_allreduce(comm, buf, op, xp, segment_bytes: int) -> None:
@@ -74,8 +107,7 @@ def ring_allreduce(comm, buf, op, xp, segment_bytes: int) -> None:
     if comm.size == 1 or buf.size == 0:
         return
     bounds = chunk_bounds(buf.size, comm.size)
-    scatter_reduce(comm, buf, bounds, op, xp, segment_bytes)
-    allgather_chunks(comm, buf, bounds)
+    _ring_steps(comm, buf, bounds, op, xp, segment_bytes, 0, 2 * (comm.size - 1))
 
 
 def ring_reducescatter(comm, buf, bounds, op, xp, segment_bytes: int):
