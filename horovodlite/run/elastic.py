@@ -250,6 +250,19 @@ def newest_commit(folder: str) -> int | None:
     return None
 
 
+def _commit_numbers_seen(folder: str) -> int:
+    """Return the highest commit number any rank's file name in `folder` shows (-1: none).
+
+    Cheap (file names only, no reading): the launcher looks every --discovery-interval.
+    """
+    try:
+        ranks = [name for name in os.listdir(folder) if name.startswith("rank-")]
+    except OSError:
+        return -1
+    numbers = [n for name in ranks for n in CommitStore(os.path.join(folder, name)).numbers()]
+    return max(numbers, default=-1)
+
+
 def _log(message: str) -> None:
     print(f"horovodlite-run: elastic: {message}", file=sys.stderr, flush=True)
 
@@ -548,9 +561,16 @@ class ElasticLauncher:
         return _Outcome(status, False, reason, failed)
 
     def _watch_run(self, np: int) -> bool:
-        """Wait for the running job, polling discovery; return whether new hosts were announced."""
+        """Wait for the running job, polling discovery; return whether new hosts were announced.
+
+        New hosts are announced only once the run has made a commit: the workers take the
+        counter they first read as the baseline (at TorchState() or their first check), so
+        a bump before that would go unseen; and a run without a commit has nothing to
+        restart from.
+        """
         bumped = False
         interval = self.options.discovery_interval
+        commits_at_start = _commit_numbers_seen(self.commit_folder)
         while True:
             try:
                 self._child.wait(timeout=interval)
@@ -559,6 +579,8 @@ class ElasticLauncher:
                 pass
             if bumped or self.options.discovery_script is None or np >= self.options.max_np:
                 continue
+            if _commit_numbers_seen(self.commit_folder) <= commits_at_start:
+                continue  # no commit in this run yet
             try:
                 hosts = self._usable_hosts()
             except ValueError as exc:  # a bad discovery run does not stop a healthy job

@@ -5,9 +5,10 @@
 Every rank appends `restart=R size=S rank=r` to LOG, then by MODE:
     kill        on the first run (HOROVODLITE_ELASTIC_RESTART=0) rank 1 SIGKILLs itself
     kill-always rank 1 SIGKILLs itself on every run
-    kill-last   the last rank SIGKILLs itself on every run
-    grow        on the first run, wait (up to 20 s) until the hosts file's counter changes,
-                then every rank leaves with HOSTS_UPDATED_EXIT_CODE
+    kill-host1  every rank on the second host (cross_rank 1) SIGKILLs itself, on every run
+    grow        on the first run, write a commit file (the launcher announces hosts only after
+                a commit), wait (up to 20 s) until the hosts file's counter changes, then every
+                rank leaves with HOSTS_UPDATED_EXIT_CODE
     exit75      every rank leaves with HOSTS_UPDATED_EXIT_CODE although nobody announced hosts
 The run ends normally otherwise.
 """
@@ -21,6 +22,7 @@ import numpy as np
 
 import horovodlite as hvd
 from horovodlite.config import HOSTS_UPDATED_EXIT_CODE
+from horovodlite.training.commit_store import CommitStore, commit_folder
 
 
 def counter() -> str:
@@ -37,11 +39,14 @@ def main(log: str, mode: str) -> int:
     hvd.allreduce(np.ones(1), name="ready")
     die = (mode == "kill" and restart == 0 and hvd.rank() == 1) or (
         mode == "kill-always" and hvd.rank() == 1) or (
-        mode == "kill-last" and hvd.rank() == hvd.size() - 1)  # fmt: skip
+        mode == "kill-host1" and hvd.cross_rank() == 1)  # fmt: skip
     if die:
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "grow" and restart == 0:
         first = counter()
+        settings = hvd.state.current().settings
+        folder = commit_folder(settings.elastic_dir, settings.elastic_job_id, hvd.rank())
+        CommitStore(folder).write(1, b"stand-in")
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             changed = float(counter() != first)
