@@ -296,6 +296,14 @@ def _displacements(counts: list) -> list:
     return [0, *itertools.accumulate(counts[:-1])]
 
 
+def _allgatherv(comm, send, out, counts: list, wire) -> None:
+    """MPI_Allgatherv into `out`, host by host where the settings ask for it."""
+    if current().settings.hierarchical_allgather:
+        algorithms.hierarchical_allgatherv(comm, send, out, counts, wire)
+    else:
+        comm.Allgatherv(send, [out, (counts, _displacements(counts)), wire])
+
+
 def allgather_plan(tensor, *, name=None, process_set=global_process_set) -> Plan:
     """Return every rank's `tensor` concatenated along dimension 0, in rank order.
 
@@ -316,7 +324,7 @@ def allgather_plan(tensor, *, name=None, process_set=global_process_set) -> Plan
         counts = [r * row for r in rows]
         out = module.empty(sum(counts), dtype=array.dtype)
         wire = wire_type(array.dtype)
-        comm.Allgatherv([buf, wire], [out, (counts, _displacements(counts)), wire])
+        _allgatherv(comm, [buf, wire], out, counts, wire)
         return deliver(out, array, xp, False, (sum(rows), *array.shape[1:]))
 
     payload = array.shape[0] if array.ndim else 0
@@ -361,7 +369,7 @@ def allgather_into_plan(out, rows, *, name=None, process_set=global_process_set)
         row = math.prod(array.shape[1:])
         counts = [c * row for c in counts]
         wire = wire_type(array.dtype)
-        comm.Allgatherv(MPI.IN_PLACE, [buf, (counts, _displacements(counts)), wire])
+        _allgatherv(comm, MPI.IN_PLACE, buf, counts, wire)
         return deliver(buf, array, xp, True)
 
     payload = rows if isinstance(rows, int) else 0

@@ -56,6 +56,8 @@ class Settings:
         check_metadata: CHECK_METADATA (default on): agree on every collective's metadata first.
         allreduce_algorithm: ALLREDUCE_ALGORITHM: "ring", "naive", "mpi", "hierarchical", or
             None (by size); HIERARCHICAL_ALLREDUCE=1 (Horovod's too) means "hierarchical".
+        hierarchical_allgather: HIERARCHICAL_ALLGATHER (Horovod's too): 1 gathers host by host
+            (algorithms/hierarchical.py), 0 never; unset lets the default choose.
         ring_segment_bytes: RING_SEGMENT_BYTES (1 MiB): the ring's largest single message.
         cycle_time: CYCLE_TIME (ms; Horovod's too), stored in seconds: the engine's cycle.
         fusion_threshold: FUSION_THRESHOLD (bytes; Horovod's too): 0 disables fusion.
@@ -84,6 +86,7 @@ class Settings:
 
     check_metadata: bool = True
     allreduce_algorithm: Optional[str] = None
+    hierarchical_allgather: Optional[bool] = None
     ring_segment_bytes: int = 1 << 20
     cycle_time: float = 0.001
     fusion_threshold: int = 128 * 1024 * 1024
@@ -119,6 +122,7 @@ class Settings:
         return cls(
             check_metadata=env_value("CHECK_METADATA", True, env_flag),
             allreduce_algorithm=algorithm,
+            hierarchical_allgather=env_value("HIERARCHICAL_ALLGATHER", None, env_flag, True),
             ring_segment_bytes=segment,
             cycle_time=env_value("CYCLE_TIME", 1.0, float, horovod=True) / 1000.0,
             fusion_threshold=env_value("FUSION_THRESHOLD", cls.fusion_threshold, int, True),

@@ -10,7 +10,7 @@ fusion code runs it for op=Adasum, whatever algorithm was asked for.
 """
 
 from .adasum import ADASUM_DTYPES, adasum_allreduce, is_power_of_two
-from .hierarchical import hierarchical_allreduce
+from .hierarchical import hierarchical_allgatherv, hierarchical_allreduce, spans_hosts
 from .naive import naive_allreduce
 from .native import mpi_allreduce, mpi_reducescatter, supports
 from .ring import ring_allreduce, ring_reducescatter
@@ -22,8 +22,10 @@ __all__ = [
     "SMALL_MESSAGE_BYTES",
     "adasum_allreduce",
     "choose",
+    "hierarchical_allgatherv",
     "is_power_of_two",
     "requested_algorithm",
+    "spans_hosts",
 ]
 
 ALLREDUCE = {

@@ -1,29 +1,45 @@
-"""Hierarchical all-reduce: reduce within each host, all-reduce across hosts, share within hosts.
+"""Hierarchical collectives: within each host over shared memory, across hosts, within again.
 
-Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE, with every local rank owning a slice rather than one
-leader per host, so that every rank's link to the other hosts carries a share: the ranks of a
-host reduce-scatter the buffer over shared memory (local rank j then holds chunk j summed over
-its host), each chunk is ring-all-reduced across the hosts among the ranks that hold it, and the
-host's ranks all-gather the chunks. The network carries 2(h-1)/h of the buffer per host (h
-hosts), split over its ranks, instead of the flat ring's 2(n-1)/n per rank. Each element's final
-value is computed once (by one cross-host ring) and copied, so every rank ends bitwise equal.
+All-reduce (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE), with every local rank owning a slice
+rather than one leader per host, so that every rank's link to the other hosts carries a share:
+the ranks of a host reduce-scatter the buffer over shared memory (local rank j then holds chunk j
+summed over its host), each chunk is ring-all-reduced across the hosts among the ranks that hold
+it, and the host's ranks all-gather the chunks. The network carries 2(h-1)/h of the buffer per
+host (h hosts), split over its ranks, instead of the flat ring's 2(n-1)/n per rank. Each
+element's final value is computed once (by one cross-host ring) and copied, so every rank ends
+bitwise equal. It needs more than one host, more than one rank per host and the same number of
+ranks on every host; elsewhere it is the flat ring.
 
-It needs a job whose hosts run the same number of ranks, more than one host and more than one
-rank per host; elsewhere it is the flat ring.
+All-gather (HOROVOD_HIERARCHICAL_ALLGATHER): each host's leader (local rank 0) gathers its
+host's rows over shared memory, the leaders all-gather the hosts' blocks across the network, and
+each leader broadcasts the whole result to its host: one message per host pair instead of one per
+rank pair, and no rank's rows cross a host link twice. It needs every host's ranks to be
+consecutive in rank order (as launchers place them by default), so that a host's rows are one
+block of the result; elsewhere it is the MPI library's all-gather.
 """
 
+import itertools
 import weakref
+from typing import NamedTuple
 
 from mpi4py import MPI
 
 from .ring import allgather_chunks, ring_allreduce, scatter_reduce
 from .scratch import chunk_bounds
 
-__all__ = ["hierarchical_allreduce"]
+__all__ = ["hierarchical_allreduce", "hierarchical_allgatherv", "spans_hosts"]
 
-# Communicator -> (its ranks on this host, the ranks holding the same local slot on every host),
-# or None where the hierarchy does not apply. Built at a communicator's first hierarchical
-# all-reduce (a collective of all its ranks, as that all-reduce is) and dropped with it.
+
+class _Topology(NamedTuple):
+    local: MPI.Comm  # this host's ranks, in rank order
+    cross: MPI.Comm  # the ranks holding the same local rank on every host
+    equal: bool  # every host runs the same number of ranks
+    hosts: tuple  # (first rank, ranks) of every host, in rank order, if hosts are consecutive
+
+
+# Communicator -> its _Topology, or None for one host or one rank per host. Built at the
+# communicator's first hierarchical collective (a collective of all its ranks, as that one is)
+# and dropped with it.
 _topologies: dict = {}
 
 
@@ -32,9 +48,16 @@ def _topology(comm):
     if key not in _topologies:
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
         cross = comm.Split(color=local.rank, key=comm.rank)
-        sizes = comm.allgather(local.size)
-        if 1 < local.size < comm.size and len(set(sizes)) == 1:
-            _topologies[key] = (local, cross)
+        members = comm.allgather((local.rank, local.size))
+        if 1 < local.size < comm.size:
+            firsts = [rank for rank, (local_rank, _) in enumerate(members) if local_rank == 0]
+            hosts = tuple((first, members[first][1]) for first in firsts)
+            consecutive = (
+                all(members[first + i][0] == i for first, size in hosts for i in range(size))
+                and sum(size for _, size in hosts) == comm.size
+            )
+            equal = len({size for _, size in members}) == 1
+            _topologies[key] = _Topology(local, cross, equal, hosts if consecutive else ())
         else:
             _topologies[key] = None
             local.Free()
@@ -43,16 +66,48 @@ def _topology(comm):
     return _topologies[key]
 
 
+def spans_hosts(comm) -> bool:
+    """Whether the hierarchical all-reduce applies to `comm` (collective on first call)."""
+    topology = _topology(comm)
+    return topology is not None and topology.equal
+
+
 def hierarchical_allreduce(comm, buf, op, xp, segment_bytes: int) -> None:
     """All-reduce `buf` in place: within hosts, then across them (see the module's text)."""
-    topology = _topology(comm)
-    if topology is None:
+    if not spans_hosts(comm):
         ring_allreduce(comm, buf, op, xp, segment_bytes)
         return
-    local, cross = topology
+    local, cross = _topology(comm)[:2]
     bounds = chunk_bounds(buf.size, local.size)
     scatter_reduce(local, buf, bounds, op, xp, segment_bytes)
     lo, hi = bounds[local.rank]
     if hi > lo:  # the same on every host: the hosts' buffers and sizes are equal
         ring_allreduce(cross, buf[lo:hi], op, xp, segment_bytes)
     allgather_chunks(local, buf, bounds, segment_bytes)
+
+
+def hierarchical_allgatherv(comm, send, out, counts: list, wire) -> None:
+    """Gather every rank's `counts[rank]` elements into `out`, in rank order, host by host.
+
+    `send` is this rank's flat buffer, or MPI.IN_PLACE when its part already sits in `out`.
+    """
+    displacements = [0, *itertools.accumulate(counts[:-1])]
+    topology = _topology(comm)
+    if topology is None or not topology.hosts:
+        comm.Allgatherv(send, [out, (counts, displacements), wire])
+        return
+    local, cross, _, hosts = topology
+    first = comm.rank - local.rank
+    base = displacements[first]
+    host = slice(first, first + local.size)
+    block = out[base : base + sum(counts[host])]
+    mine = [block, (counts[host], [d - base for d in displacements[host]]), wire]
+    if local.rank == 0:
+        local.Gatherv(send, mine, root=0)
+        host_counts = [sum(counts[f : f + size]) for f, size in hosts]
+        host_displacements = [displacements[f] for f, _ in hosts]
+        cross.Allgatherv(MPI.IN_PLACE, [out, (host_counts, host_displacements), wire])
+    else:
+        own = out[displacements[comm.rank] : displacements[comm.rank] + counts[comm.rank]]
+        local.Gatherv([own, wire] if send is MPI.IN_PLACE else send, None, root=0)
+    local.Bcast([out, wire], root=0)

@@ -33,7 +33,7 @@ _HOROVODLITE_SUPPORT = {
     "ring": ("allreduce", "reducescatter"),
     "naive": ("allreduce",),
     "mpi": ("allreduce", "reducescatter"),
-    "hierarchical": ("allreduce",),
+    "hierarchical": ("allreduce", "allgather"),
     "auto": COLLECTIVES,
     "auto-nocheck": COLLECTIVES,
 }
@@ -144,13 +144,16 @@ class Horovodlite(Contender):
 
     @contextlib.contextmanager
     def environment(self):
-        """auto-nocheck: what HOROVODLITE_CHECK_METADATA=0 does (init() reads the variable)."""
+        """auto-nocheck: what HOROVODLITE_CHECK_METADATA=0 does (init() reads the variable);
+        hierarchical: what HOROVODLITE_HIERARCHICAL_ALLGATHER=1 does for the all-gather."""
         import horovodlite
 
         state = horovodlite.state.current()
         saved = state.settings
         if self.name == "auto-nocheck":
             state.settings = dataclasses.replace(saved, check_metadata=False)
+        elif self.name == "hierarchical":
+            state.settings = dataclasses.replace(saved, hierarchical_allgather=True)
         try:
             yield
         finally:

@@ -5,6 +5,7 @@ oracles are numpy computations of what every rank contributed (each rank can reg
 others' inputs from their seeds), and the network namespace each process runs in.
 """
 
+import dataclasses
 import os
 import zlib
 
@@ -113,6 +114,41 @@ def test_allgather_uneven_rows(dtype):
 
     out = hvd.allgather(contribution(hvd.rank(), (rows(hvd.rank()), 4), dtype, 11))
     expected = np.concatenate([contribution(r, (rows(r), 4), dtype, 11) for r in range(hvd.size())])
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.fixture
+def hierarchical_allgather():
+    """HOROVODLITE_HIERARCHICAL_ALLGATHER=1 for one test (init() has read the environment)."""
+    state = hvd.state.current()
+    saved = state.settings
+    state.settings = dataclasses.replace(saved, hierarchical_allgather=True)
+    yield
+    state.settings = saved
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.uint8, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("rows_of", [lambda r: r % 3, lambda r: 1000 + r, lambda r: 0])
+def test_hierarchical_allgather(hierarchical_allgather, dtype, rows_of):
+    out = hvd.allgather(contribution(hvd.rank(), (rows_of(hvd.rank()), 3), dtype, 12))
+    expected = np.concatenate(
+        [contribution(r, (rows_of(r), 3), dtype, 12) for r in range(hvd.size())]
+    )
+    np.testing.assert_array_equal(out, expected)
+    hosts = [t.hosts for t in hvd.algorithms.hierarchical._topologies.values() if t is not None]
+    assert hosts and all(len(h) == hvd.size() // SLOTS for h in hosts), "not gathered by host"
+
+
+def test_hierarchical_allgather_into(hierarchical_allgather):
+    counts = [(r * 7) % 5 + 1 for r in range(hvd.size())]
+    start = sum(counts[: hvd.rank()])
+    out = np.full((sum(counts), 2), -1.0)
+    out[start : start + counts[hvd.rank()]] = contribution(hvd.rank(), (counts[hvd.rank()], 2),
+                                                           np.float64, 13)  # fmt: skip
+    hvd.allgather_into(out, counts[hvd.rank()])
+    expected = np.concatenate(
+        [contribution(r, (counts[r], 2), np.float64, 13) for r in range(hvd.size())]
+    )
     np.testing.assert_array_equal(out, expected)
 
 
