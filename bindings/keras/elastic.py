@@ -111,7 +111,12 @@ class KerasState(HandlerState):
 
 
 class CommitStateCallback(keras.callbacks.Callback):
-    """Commit `state` every `batches_per_commit` batches (and so check for new hosts)."""
+    """Commit `state` every `batches_per_commit` batches (and so check for new hosts).
+
+    A commit due at an epoch's last batch happens when the next epoch begins (or training
+    ends) instead, after every callback's `on_epoch_end`: it then holds the finished epoch's
+    number (UpdateEpochStateCallback), whatever the order of the callbacks.
+    """
 
     def __init__(self, state: State, batches_per_commit: int = 1):
         super().__init__()
@@ -119,12 +124,27 @@ class CommitStateCallback(keras.callbacks.Callback):
             raise ValueError(f"batches_per_commit must be at least 1, got {batches_per_commit}")
         self.state, self.batches_per_commit = state, batches_per_commit
         self.batches_remaining = batches_per_commit
+        self._due = False
 
     def on_train_batch_end(self, batch, logs=None):
         self.batches_remaining -= 1
         if self.batches_remaining == 0:
-            self.state.commit()
             self.batches_remaining = self.batches_per_commit
+            if batch + 1 == (self.params or {}).get("steps"):
+                self._due = True
+            else:
+                self.state.commit()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._commit_if_due()
+
+    def on_train_end(self, logs=None):
+        self._commit_if_due()
+
+    def _commit_if_due(self):
+        if self._due:
+            self._due = False
+            self.state.commit()
 
 
 class UpdateBatchStateCallback(keras.callbacks.Callback):
@@ -145,8 +165,7 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
     """Keep `state.epoch` at the number of epochs done, across restarts.
 
     Works with both ways to resume: `fit(initial_epoch=state.epoch, epochs=total)` and
-    Horovod's `fit(epochs=total - state.epoch)`; put it before CommitStateCallback so that a
-    commit at an epoch's last batch does not count the epoch yet (the epoch ends after it).
+    Horovod's `fit(epochs=total - state.epoch)`.
     """
 
     def __init__(self, state: State):
