@@ -172,8 +172,8 @@ class _Run:
     def __init__(self, pipe: Pipeline, train: bool, loss_fn):
         self.pipe, self.train, self.loss_fn = pipe, train, loss_fn
         self.comm, self.stage = pipe._comm, pipe.stage
-        self.inputs = self.targets = self.specs = None
-        self.held: dict = {}  # micro-batch -> (its stage inputs, outputs, loss)
+        self.inputs = self.targets = self.specs = self.new_spec = None
+        self.held: dict = {}  # micro-batch -> (input, received tensors, outputs, loss, RNG state)
         self.receives: dict = {}  # (kind, micro) -> (request, tensors)
         self.sends: list = []  # (request, tensor kept alive until sent)
         self.results: list = []  # losses (train) or outputs (eval) on the last stage
@@ -200,9 +200,9 @@ class _Run:
                                                               _ACTIVATION)  # fmt: skip
             try:
                 outputs = self.forward(0)
-                sent = _spec(outputs, self.stage)
+                sent = self.new_spec
                 if pipe.is_last and self.train:
-                    _check_loss(self.held[0][2])
+                    _check_loss(self.held[0][3])
             except Exception as e:  # noqa: BLE001 - any failure here must reach every rank
                 error, sent = e, f"stage {self.stage}: {type(e).__name__}: {e}"
         if not pipe.is_last:
@@ -270,29 +270,36 @@ class _Run:
             for tensor, (_, _, grad) in zip(stage_inputs, specs):
                 tensor.requires_grad_(grad and self.train)
             x = tuple(stage_inputs) if shaped == "tuple" else stage_inputs[0]
-        with torch.set_grad_enabled(self.train):
-            if self.train and pipe.checkpoint:
-                outputs = torch.utils.checkpoint.checkpoint(pipe.forward, x, use_reentrant=False)
-            else:
-                outputs = pipe.forward(x)
+        # Checkpointing keeps only the stage's input and the RNG state, and runs the forward
+        # again in backward. The first forward of a shape keeps its graph: it tells the next
+        # stage which outputs need gradients.
+        recompute = self.train and pipe.checkpoint and self.specs[1] is not None
+        rng = _rng_state(self.device) if recompute else None
+        with torch.set_grad_enabled(self.train and not recompute):
+            outputs = pipe.forward(x)
+            if self.specs[1] is None:  # the first forward of this shape: check the output
+                self.new_spec = _spec(outputs, self.stage)
+            loss = self.loss_fn(outputs, self.targets[m]) if pipe.is_last and self.train else None
         flat = _flat(outputs)
-        loss = None
         if pipe.is_last:
-            if self.train:
-                loss = self.loss_fn(outputs, self.targets[m])
-                self.results.append(loss.detach())
-            else:
-                self.results.append(outputs)
+            self.results.append(outputs if loss is None else loss.detach())
         elif self.specs[1] is not None:  # F(0) of a new shape sends its spec first
             self.send(flat, _ACTIVATION, self.stage + 1)
         if self.train:
-            self.held[m] = (stage_inputs, flat, loss)
+            self.held[m] = (x, stage_inputs, None if recompute else flat, loss, rng)
             self.peak = max(self.peak, len(self.held))
         return outputs
 
     def backward(self, m: int) -> None:
         pipe = self.pipe
-        stage_inputs, outputs, loss = self.held.pop(m)
+        x, stage_inputs, outputs, loss, rng = self.held.pop(m)
+        if rng is not None:  # checkpointed: the forward again, now recording the graph
+            with torch.random.fork_rng(_cuda(self.device)), torch.enable_grad():
+                _set_rng_state(self.device, rng)
+                result = pipe.forward(x)
+                outputs = _flat(result)
+                if pipe.is_last:
+                    loss = self.loss_fn(result, self.targets[m])
         if pipe.is_last:
             roots, grads = [loss / pipe.chunks], None
         else:
@@ -473,6 +480,21 @@ def _check_loss(loss) -> None:
 def _bytes(tensor: torch.Tensor):
     """Return a CPU tensor's memory as an MPI byte buffer (any dtype, bfloat16 too)."""
     return [tensor.view(-1).view(torch.uint8).numpy(), MPI.BYTE]
+
+
+def _cuda(device: torch.device) -> list:
+    return [device] if device.type == "cuda" else []
+
+
+def _rng_state(device: torch.device) -> tuple:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(device: torch.device, state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
 
 
 def _zeros_if_none(grad, like):
