@@ -77,3 +77,23 @@ def test_zero_benchmark(tmp_path):
     # Counted from the tensors, so exact enough to check: each rank holds half of the state.
     assert rows["zero1"]["state_mb"] < 0.6 * rows["hvd"]["state_mb"]
     assert rows["zero2"]["gradients_mb"] < 0.6 * rows["hvd"]["gradients_mb"]
+
+
+@pytest.mark.mpi
+def test_pipeline_benchmark(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "pipeline.json"
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "pipeline.py"), "--smoke", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    rows = {(r["schedule"], r["chunks"]): r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {("gpipe", 1), ("gpipe", 4), ("1f1b", 1), ("1f1b", 4)}
+    assert all(r["np"] == 2 and r["median_ms"] > 0 and len(r["bubble_per_stage"]) == 2
+               for r in rows.values())  # fmt: skip
+    # Counted from the saved tensors, so exact: with 4 micro-batches on 2 stages, 1F1B holds 2
+    # of them on stage 0 and 1 on stage 1; GPipe holds all 4 on both.
+    gpipe, one_f_one_b = (rows[s, 4]["saved_mb_per_stage"] for s in ("gpipe", "1f1b"))
+    assert one_f_one_b[0] == pytest.approx(gpipe[0] / 2)
+    assert one_f_one_b[1] == pytest.approx(gpipe[1] / 4)
