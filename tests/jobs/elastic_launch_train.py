@@ -2,6 +2,7 @@
 ElasticSampler.
 
     elastic_launch_train.py OUT [--kill-step S] [--kill-rank R] [--commit-every C] [--epochs E]
+                            [--step-seconds T]
 
 A linear model learns y = X w from 24 samples, batch 2 per rank, SGD with momentum through
 DistributedOptimizer, committing every C steps and at each epoch's end. On the first run
@@ -14,6 +15,7 @@ import argparse
 import json
 import os
 import signal
+import time
 
 import horovodlite.torch as hvd
 import torch
@@ -43,6 +45,7 @@ def main() -> None:
     parser.add_argument("--kill-rank", type=int, default=1)
     parser.add_argument("--commit-every", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep in each step")
     args = parser.parse_args()
 
     hvd.init()
@@ -71,6 +74,7 @@ def main() -> None:
                 loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
                 loss.backward()
                 optimizer.step()
+                time.sleep(args.step_seconds)  # time for the launcher to find new hosts
                 sampler.record_batch(batch_idx, BATCH)
                 state.step = step
                 record = {"restart": restart, "size": hvd.size(), "rank": hvd.rank(),
