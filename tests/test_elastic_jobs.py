@@ -210,3 +210,19 @@ def test_a_simulated_host_failing_twice_in_a_row_is_excluded(netns, tmp_path):
     assert Counter(tuple(r) for r in runs) == {
         ("restart=0", "size=4"): 4, ("restart=1", "size=4"): 4, ("restart=2", "size=2"): 2,
     }, runs  # fmt: skip
+
+
+def test_keras_fit_survives_a_killed_rank_and_resumes_at_the_committed_epoch(tmp_path):
+    # Rank 1 dies inside epoch 2 (0-based): epochs 0 and 1 are committed, epoch 2 is redone.
+    status, out = launch(tmp_path, ["-np", "2", "--min-np", "2", "--max-np", "2"],
+                         "elastic_launch_keras.py", tmp_path, 4, 2, timeout=240)  # fmt: skip
+    assert status == 0, out
+    assert "restart 1 (rank 1 on localhost ended without leaving horovodlite" in out, out
+    starts = sorted((tmp_path / "starts.txt").read_text().splitlines())
+    assert starts == [f"restart={r} size=2 rank={rank} start={2 * r}" for r in (0, 1)
+                      for rank in (0, 1)], starts  # fmt: skip
+    first = (tmp_path / "epochs-0.txt").read_text().split()
+    assert sorted(set(w for w in first if w.startswith("epoch="))) == ["epoch=0", "epoch=1"]
+    resumed = (tmp_path / "epochs-1.txt").read_text().split()
+    assert sorted(set(w for w in resumed if w.startswith("epoch="))) == ["epoch=2", "epoch=3"]
+    assert len((tmp_path / "weights.txt").read_text().split()) == 3 * 4 + 4 + 4 + 1
