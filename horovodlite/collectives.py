@@ -12,7 +12,6 @@ import itertools
 import math
 
 import numpy as np
-from mpi4py import MPI
 
 from . import algorithms, small_allreduce
 from .agreement import digest
@@ -296,12 +295,11 @@ def _displacements(counts: list) -> list:
     return [0, *itertools.accumulate(counts[:-1])]
 
 
-def _allgatherv(comm, send, out, counts: list, wire) -> None:
-    """MPI_Allgatherv into `out`, host by host where the settings ask for it."""
-    if current().settings.hierarchical_allgather:
-        algorithms.hierarchical_allgatherv(comm, send, out, counts, wire)
-    else:
-        comm.Allgatherv(send, [out, (counts, _displacements(counts)), wire])
+def _allgatherv(comm, own, out, counts: list, wire) -> None:
+    settings = current().settings
+    algorithms.allgatherv(
+        comm, own, out, counts, wire, settings.ring_segment_bytes, settings.hierarchical_allgather
+    )
 
 
 def allgather_plan(tensor, *, name=None, process_set=global_process_set) -> Plan:
@@ -324,7 +322,7 @@ def allgather_plan(tensor, *, name=None, process_set=global_process_set) -> Plan
         counts = [r * row for r in rows]
         out = module.empty(sum(counts), dtype=array.dtype)
         wire = wire_type(array.dtype)
-        _allgatherv(comm, [buf, wire], out, counts, wire)
+        _allgatherv(comm, buf, out, counts, wire)
         return deliver(out, array, xp, False, (sum(rows), *array.shape[1:]))
 
     payload = array.shape[0] if array.ndim else 0
@@ -369,7 +367,7 @@ def allgather_into_plan(out, rows, *, name=None, process_set=global_process_set)
         row = math.prod(array.shape[1:])
         counts = [c * row for c in counts]
         wire = wire_type(array.dtype)
-        _allgatherv(comm, MPI.IN_PLACE, buf, counts, wire)
+        _allgatherv(comm, None, buf, counts, wire)
         return deliver(buf, array, xp, True)
 
     payload = rows if isinstance(rows, int) else 0

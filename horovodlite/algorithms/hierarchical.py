@@ -11,11 +11,11 @@ bitwise equal. It needs more than one host, more than one rank per host and the 
 ranks on every host; elsewhere it is the flat ring.
 
 All-gather (HOROVOD_HIERARCHICAL_ALLGATHER): each host's leader (local rank 0) gathers its
-host's rows over shared memory, the leaders all-gather the hosts' blocks across the network, and
-each leader broadcasts the whole result to its host: one message per host pair instead of one per
-rank pair, and no rank's rows cross a host link twice. It needs every host's ranks to be
-consecutive in rank order (as launchers place them by default), so that a host's rows are one
-block of the result; elsewhere it is the MPI library's all-gather.
+host's rows over shared memory, the leaders all-gather the hosts' blocks around a ring across the
+network, and each leader broadcasts the whole result to its host: each host link carries the
+other hosts' rows once, against (n-1) ranks' rows in the flat ring. It needs every host's
+ranks to be consecutive in rank order (as launchers place them by default), so that a host's
+rows are one block of the result; elsewhere it is the flat ring all-gather.
 """
 
 import itertools
@@ -24,10 +24,15 @@ from typing import NamedTuple
 
 from mpi4py import MPI
 
-from .ring import allgather_chunks, ring_allreduce, scatter_reduce
+from .ring import allgather_chunks, ring_allgatherv, ring_allreduce, scatter_reduce
 from .scratch import chunk_bounds
 
-__all__ = ["hierarchical_allreduce", "hierarchical_allgatherv", "spans_hosts"]
+__all__ = [
+    "gathers_by_host",
+    "hierarchical_allgatherv",
+    "hierarchical_allreduce",
+    "spans_hosts",
+]
 
 
 class _Topology(NamedTuple):
@@ -86,17 +91,23 @@ def hierarchical_allreduce(comm, buf, op, xp, segment_bytes: int) -> None:
     allgather_chunks(local, buf, bounds, segment_bytes)
 
 
-def hierarchical_allgatherv(comm, send, out, counts: list, wire) -> None:
+def gathers_by_host(comm) -> bool:
+    """Whether the hierarchical all-gather applies to `comm` (collective on first call)."""
+    topology = _topology(comm)
+    return topology is not None and bool(topology.hosts)
+
+
+def hierarchical_allgatherv(comm, own, out, counts: list, wire, segment_bytes: int) -> None:
     """Gather every rank's `counts[rank]` elements into `out`, in rank order, host by host.
 
-    `send` is this rank's flat buffer, or MPI.IN_PLACE when its part already sits in `out`.
+    `own` is this rank's flat part, or None when it already sits at its place in `out`.
     """
-    displacements = [0, *itertools.accumulate(counts[:-1])]
-    topology = _topology(comm)
-    if topology is None or not topology.hosts:
-        comm.Allgatherv(send, [out, (counts, displacements), wire])
+    if not gathers_by_host(comm):
+        ring_allgatherv(comm, own, out, counts, segment_bytes)
         return
-    local, cross, _, hosts = topology
+    displacements = [0, *itertools.accumulate(counts[:-1])]
+    send = MPI.IN_PLACE if own is None else [own, wire]
+    local, cross, _, hosts = _topology(comm)
     first = comm.rank - local.rank
     base = displacements[first]
     host = slice(first, first + local.size)
@@ -105,9 +116,9 @@ def hierarchical_allgatherv(comm, send, out, counts: list, wire) -> None:
     if local.rank == 0:
         local.Gatherv(send, mine, root=0)
         host_counts = [sum(counts[f : f + size]) for f, size in hosts]
-        host_displacements = [displacements[f] for f, _ in hosts]
-        cross.Allgatherv(MPI.IN_PLACE, [out, (host_counts, host_displacements), wire])
+        ring_allgatherv(cross, None, out, host_counts, segment_bytes)
     else:
-        own = out[displacements[comm.rank] : displacements[comm.rank] + counts[comm.rank]]
-        local.Gatherv([own, wire] if send is MPI.IN_PLACE else send, None, root=0)
+        if own is None:
+            own = out[displacements[comm.rank] : displacements[comm.rank] + counts[comm.rank]]
+        local.Gatherv([own, wire], None, root=0)
     local.Bcast([out, wire], root=0)

@@ -18,7 +18,13 @@ from ..buffers import wire_type
 from ..ops import reduce_into
 from .scratch import chunk_bounds, scratch
 
-__all__ = ["ring_allreduce", "ring_reducescatter", "scatter_reduce", "allgather_chunks"]
+__all__ = [
+    "allgather_chunks",
+    "ring_allgatherv",
+    "ring_allreduce",
+    "ring_reducescatter",
+    "scatter_reduce",
+]
 
 _TAG_RING = 11
 
@@ -100,6 +106,23 @@ def allgather_chunks(comm, buf, bounds, segment_bytes: int) -> None:
     """Give every rank all chunks, where rank r starts with chunk `bounds[r]`, in n-1 steps."""
     n = comm.size
     _ring_steps(comm, buf, bounds, None, None, segment_bytes, n - 1, 2 * (n - 1))
+
+
+def ring_allgatherv(comm, own, out, counts, segment_bytes: int) -> None:
+    """Gather rank r's `counts[r]` elements into the flat `out`, in rank order, around the ring.
+
+    `own` is this rank's part, or None where it already sits at its place in `out`. Each rank
+    sends (n-1)/n of the result, as MPI_Allgather's ring does; MPICH's MPI_Allgatherv was 1.3 to
+    5x slower than this on shared memory and capped links from 256 KiB (docs/algorithms.md).
+    """
+    bounds, start = [], 0
+    for count in counts:
+        bounds.append((start, start + count))
+        start += count
+    if own is not None:
+        lo, hi = bounds[comm.rank]
+        out[lo:hi] = own
+    allgather_chunks(comm, out, bounds, segment_bytes)
 
 
 def ring_allreduce(comm, buf, op, xp, segment_bytes: int) -> None:

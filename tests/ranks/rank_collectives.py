@@ -1,5 +1,6 @@
 """broadcast, allgather, reducescatter, alltoall, barrier and the object collectives."""
 
+import dataclasses
 import os
 import tempfile
 
@@ -62,6 +63,29 @@ def test_allgather_with_different_rows_per_rank(dtype):
         assert out.dtype == x.dtype
         assert out.shape == (n * (n - 1) // 2, *trailing)
         np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("segment_bytes", [4096, 1 << 20])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.uint8, np.bool_], ids=dtype_id)
+def test_large_allgathers_go_around_the_ring(dtype, segment_bytes):
+    n, r = hvd.size(), hvd.rank()
+    state = hvd.state.current()
+    saved = state.settings
+    state.settings = dataclasses.replace(saved, ring_segment_bytes=segment_bytes)
+    try:
+        # Rank 1 sends no rows, the others uneven numbers: results above the ring's threshold.
+        rows = 0 if r == 1 else 30_011 + 17 * r
+        x = rank_values((rows, 3), dtype, r, seed=21)
+        out = hvd.allgather(x, name="large.rows")
+        assert out.nbytes >= hvd.algorithms.RING_ALLGATHER_BYTES or n == 1
+        np.testing.assert_array_equal(out, np.concatenate(everyone(x)))
+        result = np.zeros_like(out)
+        start = sum(len(p) for p in everyone(x)[:r])
+        result[start : start + rows] = x
+        hvd.allgather_into(result, rows, name="large.into")
+        np.testing.assert_array_equal(result, out)
+    finally:
+        state.settings = saved
 
 
 def test_allgather_edge_cases():
