@@ -94,7 +94,9 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
         chosen, bounds = "adasum", _bounds(entries)
         run = functools.partial(algorithms.adasum_allreduce, parts=bounds)
     else:
-        chosen = algorithms.choose(first.requested, algorithms.ALLREDUCE, buf.nbytes, dtype, module)
+        chosen = algorithms.choose(
+            first.requested, algorithms.ALLREDUCE, buf.nbytes, dtype, module, comm
+        )
         run = algorithms.ALLREDUCE[chosen]
     with span(f"ALLREDUCE_{chosen.upper()}"):
         scale(module, buf, first.prescale)

@@ -117,6 +117,43 @@ def test_allgather_uneven_rows(dtype):
     np.testing.assert_array_equal(out, expected)
 
 
+def test_default_choice_goes_host_by_host_above_one_mib(monkeypatch):
+    calls = []
+
+    def counting(name, function):
+        def run(*args, **kwargs):
+            calls.append(name)
+            return function(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setitem(
+        hvd.algorithms.ALLREDUCE,
+        "hierarchical",
+        counting("allreduce", hvd.algorithms.ALLREDUCE["hierarchical"]),
+    )
+    monkeypatch.setattr(
+        hvd.algorithms,
+        "hierarchical_allgatherv",
+        counting("allgather", hvd.algorithms.hierarchical_allgatherv),
+    )
+    small = contribution(hvd.rank(), (1000,), np.float32, 14)
+    large = contribution(hvd.rank(), ((1 << 18) + 5,), np.float32, 14)  # just over 1 MiB
+    hvd.allreduce(small, op=hvd.Sum, name="auto.small")
+    hvd.allgather(small, name="auto.small.gather")
+    assert calls == []
+    out = hvd.allreduce(large, op=hvd.Sum, name="auto.large")
+    gathered = hvd.allgather(large, name="auto.large.gather")
+    assert calls == ["allreduce", "allgather"]
+    np.testing.assert_array_equal(
+        out, all_contributions(large.shape, np.float32, 14).sum(axis=0).astype(np.float32)
+    )
+    np.testing.assert_array_equal(
+        gathered,
+        np.concatenate([contribution(r, large.shape, np.float32, 14) for r in range(hvd.size())]),
+    )
+
+
 @pytest.fixture
 def hierarchical_allgather():
     """HOROVODLITE_HIERARCHICAL_ALLGATHER=1 for one test (init() has read the environment)."""
