@@ -12,7 +12,9 @@ from .sync_batch_norm import SyncBatchNorm
 from .zero import ZeroOptimizer
 
 # Its own names, the core's that every binding shares, and all of mpi_ops' and functions'.
-__all__ = ["Compression", "DistributedOptimizer", "SyncBatchNorm", "ZeroOptimizer", "elastic"]
+__all__ = [
+    "Compression", "DistributedOptimizer", "SyncBatchNorm", "ZeroOptimizer", "elastic", "pipeline"
+]  # fmt: skip
 __all__ += common.__all__
 __all__ += mpi_ops.__all__
 __all__ += functions.__all__
