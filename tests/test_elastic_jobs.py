@@ -8,6 +8,7 @@ parameters of an uninterrupted run, bit for bit.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -226,3 +227,17 @@ def test_keras_fit_survives_a_killed_rank_and_resumes_at_the_committed_epoch(tmp
     resumed = (tmp_path / "epochs-1.txt").read_text().split()
     assert sorted(set(w for w in resumed if w.startswith("epoch="))) == ["epoch=2", "epoch=3"]
     assert len((tmp_path / "weights.txt").read_text().split()) == 3 * 4 + 4 + 4 + 1
+
+
+def test_the_elastic_example_runs_through_a_failure(tmp_path):
+    # 700 images a rank, 32 a batch: 22 steps an epoch, commits at steps 10, 20 and 22 (the
+    # epoch's end); rank 1 dies at step 30, and the job resumes at epoch 1, step 22.
+    pytest.importorskip("sklearn")
+    example = JOBS.parent.parent / "examples" / "pytorch_elastic.py"
+    status, out = launch(tmp_path, ["-np", "2", "--min-np", "1", "--max-np", "2"], str(example),
+                         "--epochs", 5, "--fail-at-step", 30)  # fmt: skip
+    assert status == 0, out
+    assert "restart 1 (rank 1 on localhost ended without leaving horovodlite" in out, out
+    assert "run 1: 2 ranks from epoch 1, step 22" in out, out
+    accuracy = float(re.search(r"test accuracy (\S+) on 2 ranks", out).group(1))
+    assert accuracy > 0.8, out
