@@ -6,9 +6,12 @@ leaving horovodlite" in the exit watch's folder, as a SIGKILLed rank would.
 """
 
 import os
+import signal
 import stat
+import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -194,8 +197,9 @@ def test_too_few_slots_at_start_exits_1(capsys, tmp_path):
 
 FAKE_MPIEXEC = """\
 #!{python}
-# Plays the next line of $FAKE_PLAN: "ok", "exit N", or "die R" (rank R ends without leaving
-# horovodlite, as a SIGKILLed rank would: its pid in the exit watch's folder, no leave mark).
+# Plays the next line of $FAKE_PLAN: "ok", "exit N", "sleep" (60 s), or "die R" (rank R ends
+# without leaving horovodlite, as a SIGKILLed rank would: its pid in the exit watch's folder,
+# no leave mark).
 import os, socket, subprocess, sys, time
 if sys.argv[1:] == ["--version"]:
     print("HYDRA build details:")
@@ -214,6 +218,8 @@ steps = open(plan).read().split("\\n")
 step = steps[run] if run < len(steps) else "ok"
 if step.startswith("exit"):
     sys.exit(int(step.split()[1]))
+if step == "sleep":
+    time.sleep(60)
 if step.startswith("die"):
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -323,3 +329,21 @@ def test_without_elastic_flags_nothing_elastic_reaches_the_ranks(capfd, fake_mpi
     fake_mpiexec("ok")
     status, err = _main(capfd, "-np", "2", "true")
     assert status == 1 and "KeyError: 'HOROVODLITE_ELASTIC_RESTART'" in err, err
+
+
+def test_sigterm_stops_the_job_without_a_restart(fake_mpiexec):
+    calls = fake_mpiexec("sleep", "ok")
+    argv = [sys.executable, "-m", "horovodlite.run", "-np", "2", "--restart-delay", "0", "true"]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (os.path.exists(calls) and _calls(calls)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by signal 15: no restart" in err, err
+    assert len(_calls(calls)) == 1
