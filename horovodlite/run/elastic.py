@@ -532,6 +532,9 @@ class ElasticLauncher:
             self._child = subprocess.Popen(argv, env=env, start_new_session=True)
             try:
                 bumped = self._watch_run(np)
+            except BaseException:
+                self._stop(self._child)  # never leave a job running behind an error
+                raise
             finally:
                 status = self._child.wait()
                 self._end_stragglers(watch.folder)
@@ -657,6 +660,13 @@ class ElasticLauncher:
             child.wait(timeout=_STOP_GRACE)
         except subprocess.TimeoutExpired:
             child.kill()
+
+    @classmethod
+    def _stop(cls, child: subprocess.Popen) -> None:
+        """End mpiexec: SIGTERM (it ends the ranks), SIGKILL after _STOP_GRACE seconds."""
+        if child.poll() is None:
+            child.terminate()
+            cls._kill_later(child)
 
 
 def _rank_hosts(placed: list) -> list:
