@@ -11,9 +11,11 @@ Each job runs both schedules at every `--chunks` count, taking turns, `--repeats
 configuration it reports:
 
 - step time: the slowest rank's, median over every timed step of every repeat;
-- bubble: the fraction of a step a stage spends waiting for activations or gradients from its
-  neighbours (hvd only: time inside the Watch's waits on receives / step time, the median per
-  stage, then the mean over stages), beside the theory (stages - 1) / (chunks + stages - 1);
+- bubble: the fraction of a step a stage is idle (hvd only): 1 - busy / step, where step is the
+  slowest rank's step time and busy is the stage's own step time less the time it spent in the
+  Watch's waits for activations or gradients (`pipe.last_step["wait_s"]`); so a stage that
+  finishes early is idle until the last one finishes. The median per stage, then the mean over
+  stages, beside the theory (stages - 1) / (chunks + stages - 1);
 - activation memory: per stage, the peak bytes of the tensors autograd keeps for backward
   (counted with torch.autograd.graph.saved_tensors_hooks, the parameters themselves excluded)
   during one extra step; the largest stage's, and stage 0's.
@@ -185,8 +187,8 @@ def worker(args) -> None:
                 slowest = comm.allreduce(seconds, op=MPI.MAX)
                 found = measured[schedule, chunks]
                 found["times"].append(slowest)
-                if waited is not None:
-                    found["bubbles"].append(waited / seconds)
+                if waited is not None:  # idle: waiting inside the step, or done before the last
+                    found["bubbles"].append(1 - (seconds - waited) / slowest)
             if repeat == 0:
                 counter = SavedBytes(params)
                 with counter.hooks():

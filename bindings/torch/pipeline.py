@@ -4,9 +4,10 @@ or 1F1B over MPI point-to-point messages, with data parallelism across pipeline 
 The schedules, the balance and the checks are framework-free (horovodlite.training.
 pipeline_schedule); this module runs them on tensors. Activations go forward and gradients
 backward as non-blocking MPI messages on a duplicate of the pipeline's communicator, so they can
-never match a collective's. Receives are posted a few operations ahead and sends are waited for
-only at the end of a step, so transfers overlap compute. Every wait goes through the job's
-Watch: it honours HOROVODLITE_COLLECTIVE_TIMEOUT and notices ranks that left.
+never match a collective's. Receives are posted a few operations ahead, and sends are waited for
+at the start of the next step (long complete by then), so transfers overlap compute and no stage
+waits at the end of a step for a neighbour that is still computing. Every wait goes through the
+job's Watch: it honours HOROVODLITE_COLLECTIVE_TIMEOUT and notices ranks that left.
 """
 
 import pickle
@@ -78,6 +79,8 @@ class Pipeline(torch.nn.Module):
         self._ops = plan.schedule(schedule, stages, chunks, self.stage)
         self._specs: dict = {}  # step key -> (spec received, spec sent)
         self.last_step: dict = {}  # timings of the last step (benchmarks/pipeline.py)
+        self._sends: list = []  # (request, tensor kept alive until sent), across steps
+        self._waited, self._peak = 0.0, 0
 
     @property
     def is_first(self) -> bool:
@@ -101,16 +104,24 @@ class Pipeline(torch.nn.Module):
         `inputs` and the last `targets`; the others may pass None. Every rank of the pipeline
         gets the loss.
         """
+        start = time.perf_counter()
         losses = self._step(inputs, targets, loss_fn, train=True)
         total = np.array(
             [sum(loss.item() for loss in losses) / self.chunks if self.is_last else 0.0]
         )
-        self._wait(self._comm.Ibcast(total, root=self.stages - 1), "the loss")
+        request = self._comm.Ibcast(total, root=self.stages - 1)
+        if self.is_last:  # the others receive it when they finish; no need to wait for them
+            self._sends.append((request, total))
+        else:
+            self._wait(request, "the loss")
+        self._finish(start)
         return float(total[0])
 
     def eval_step(self, inputs):
         """Run forward only; return the output on the last stage, None on the others."""
+        start = time.perf_counter()
         outputs = self._step(inputs, None, None, train=False)
+        self._finish(start)
         if not self.is_last:
             return None
         if isinstance(outputs[0], torch.Tensor):
@@ -120,7 +131,12 @@ class Pipeline(torch.nn.Module):
     # -- one step ---------------------------------------------------------------------------
 
     def _step(self, inputs, targets, loss_fn, train: bool) -> list:
-        start = time.perf_counter()
+        self._waited = 0.0
+        # The last step's sends finished long ago (their receivers waited for them); a stage
+        # does not wait for them at the end of its step, where the receiver may be computing.
+        for request, _ in self._sends:
+            self._wait(request, "a send to finish")
+        self._sends = []
         micro, key, input_error = self._agree_batch(inputs, targets, train)
         if input_error is not None:
             raise input_error
@@ -134,9 +150,13 @@ class Pipeline(torch.nn.Module):
             ops = ops[1:]
         run.specs = specs
         run.execute(ops)
-        self.last_step = {"step_s": time.perf_counter() - start, "wait_s": run.waited,
-                          "peak_in_flight": run.peak}  # fmt: skip
+        self._peak = run.peak
         return run.results
+
+    def _finish(self, start: float) -> None:
+        self._sends = [(r, wire) for r, wire in self._sends if not r.Test()]
+        self.last_step = {"step_s": time.perf_counter() - start, "wait_s": self._waited,
+                          "peak_in_flight": self._peak}  # fmt: skip
 
     def _agree_batch(self, inputs, targets, train: bool) -> tuple:
         """Gather what each stage passed; return (micro-batch size, step key, error or None)."""
@@ -156,14 +176,16 @@ class Pipeline(torch.nn.Module):
         return micro, (train, micro, int(table[0, 2])), own_error or error
 
     def _wait(self, request, what: str) -> float:
-        """Wait for `request` with the job's Watch; return the seconds waited."""
+        """Wait for `request` with the job's Watch; return the seconds waited (also counted)."""
         start = time.perf_counter()
         if not request.Test():
             about = f"pipeline stage {self.stage} waiting for {what}"
             _state.current().watch.wait(
                 request, lambda: (about, digest({"pipeline": about})), self._members
             )
-        return time.perf_counter() - start
+        waited = time.perf_counter() - start
+        self._waited += waited
+        return waited
 
 
 class _Run:
@@ -175,9 +197,8 @@ class _Run:
         self.inputs = self.targets = self.specs = self.new_spec = None
         self.held: dict = {}  # micro-batch -> (input, received tensors, outputs, loss, RNG state)
         self.receives: dict = {}  # (kind, micro) -> (request, tensors)
-        self.sends: list = []  # (request, tensor kept alive until sent)
         self.results: list = []  # losses (train) or outputs (eval) on the last stage
-        self.waited, self.peak = 0.0, 0
+        self.peak = 0
         self.params = [p for p in pipe.parameters() if p.requires_grad]
         self.sums: dict = {}  # parameter -> gradient of the micro-batches before the last
         self.device = next((p.device for p in pipe.parameters()), torch.device("cpu"))
@@ -209,7 +230,7 @@ class _Run:
             data = pickle.dumps(sent)
             if len(data) > _SPEC_BYTES:
                 raise ValueError(f"stage {self.stage}'s output has too many tensors to describe")
-            self.comm.Send(data, self.stage + 1, _SPEC)
+            pipe._sends.append((self.comm.Isend(data, self.stage + 1, _SPEC), data))
             if error is None and not isinstance(sent, str):
                 self.send(_flat(outputs), _ACTIVATION, self.stage + 1)
         _raise_everywhere(error, 0, pipe.pipeline_set)
@@ -228,8 +249,6 @@ class _Run:
                 self.forward(op.micro)
             else:
                 self.backward(op.micro)
-        for request, _ in self.sends:
-            self.pipe._wait(request, "a send to finish")
 
     def post_receive(self, op) -> None:
         received, sent = self.specs
@@ -248,13 +267,13 @@ class _Run:
         requests, tensors = self.receives.pop(op)
         what = f"{'activations' if op.kind == 'F' else 'gradients'} of micro-batch {op.micro}"
         for request in requests:
-            self.waited += self._wait(request, what)
+            self._wait(request, what)
         return [t.to(self.device) for t in tensors]
 
     def send(self, tensors: list, tag: int, dest: int) -> None:
         for tensor in tensors:
             wire = tensor.detach().to("cpu").contiguous()
-            self.sends.append((self.comm.Isend(_bytes(wire), dest, tag), wire))
+            self.pipe._sends.append((self.comm.Isend(_bytes(wire), dest, tag), wire))
 
     def _wait(self, request, what: str) -> float:
         return self.pipe._wait(request, what)
