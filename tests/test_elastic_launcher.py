@@ -55,6 +55,8 @@ def test_defaults_fill_in_from_np():
         ((1, 2, 4), r"-np 1 is outside \[--min-np 2, --max-np 4\]"),
         ((5, 2, 4), r"-np 5 is outside \[--min-np 2, --max-np 4\]"),
         ((2, 0, 4), "--min-np must be at least 1, got 0"),
+        ((4, None, 2), r"-np 4 is outside \[--min-np 2, --max-np 2\]"),
+        ((1, 3, None), r"-np 1 is outside \[--min-np 3, --max-np 3\]"),
         ((None, None, None), "need -np, --min-np or --max-np"),
     ],
 )
@@ -268,11 +270,16 @@ def test_restart_after_a_failure_then_finish(capsys, fake_mpiexec):
     assert "finished after 1 restart(s)" in err
 
 
-def test_restarts_exhausted(capsys, fake_mpiexec):
+def test_restarts_exhausted_keep_the_last_commit(capsys, fake_mpiexec, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOROVODLITE_ELASTIC_JOB_ID", "kept")
+    store = CommitStore(commit_folder(str(tmp_path / "commits"), "kept", 0))
+    store.write(5, b"five")
     calls = fake_mpiexec("exit 1", "exit 1", "exit 1", "exit 1")
     status, err = _main(capsys, "-np", "2", "--max-restarts", "2", "--restart-delay", "0",
                         "true")  # fmt: skip
     assert status == 1, err
+    assert f"the last commit (commit 5) is kept in {tmp_path / 'commits' / 'kept'}" in err, err
+    assert store.read(5) == b"five"
     assert len(_calls(calls)) == 3
     assert "giving up: the job failed 3 times, more than --max-restarts 2 allows" in err, err
     assert "(last: the job exited with status 1)" in err

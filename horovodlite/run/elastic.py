@@ -108,7 +108,8 @@ def check_options(
 ) -> ElasticOptions:
     """Fill in the defaults and check the elastic flags against each other.
 
-    -np defaults to --min-np (else --max-np); --min-np to -np, --max-np to -np.
+    -np defaults to --min-np (else --max-np); --min-np to -np (or --max-np if lower), --max-np
+    to -np (or --min-np if higher).
 
     Raises:
         ValueError: a bound below 1, --min-np above --max-np, -np outside them, a negative
@@ -118,7 +119,7 @@ def check_options(
     if not given:
         raise ValueError("elastic runs need -np, --min-np or --max-np")
     np = np if np is not None else (min_np if min_np is not None else max_np)
-    min_np = min_np if min_np is not None else np
+    min_np = min_np if min_np is not None else min(np, max_np if max_np is not None else np)
     max_np = max_np if max_np is not None else max(np, min_np)
     for flag, value in (("-np", np), ("--min-np", min_np), ("--max-np", max_np)):
         if value < 1:
