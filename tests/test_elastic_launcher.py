@@ -17,14 +17,15 @@ import pytest
 
 from horovodlite.config import HOSTS_UPDATED_EXIT_CODE
 from horovodlite.run import main
-from horovodlite.run.elastic import (
+from horovodlite.run.elastic import newest_commit
+from horovodlite.run.elastic_setup import (
     DEFAULT_MAX_RESTARTS,
     DiscoveryError,
     check_options,
     discover_hosts,
-    newest_commit,
     parse_discovery_output,
     place,
+    rank_hosts,
 )
 from horovodlite.run.hosts import Host
 from horovodlite.training.commit_store import CommitStore, commit_folder
@@ -132,6 +133,7 @@ def test_place_fills_hosts_in_order():
     assert place(hosts, 3) == [Host("a", 2), Host("b", 1)]
     assert place(hosts, 8) == hosts
     assert place(hosts, 1) == [Host("a", 1)]
+    assert rank_hosts(place(hosts, 5)) == ["a", "a", "b", "b", "c"]
 
 
 # -- commits on disk ----------------------------------------------------------------------------

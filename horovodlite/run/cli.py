@@ -16,12 +16,12 @@ import subprocess
 import sys
 
 from ..version import __version__
-from .elastic import (
+from .elastic import ElasticLauncher
+from .elastic_setup import (
     DEFAULT_DISCOVERY_INTERVAL,
     DEFAULT_ELASTIC_TIMEOUT,
     DEFAULT_MAX_RESTARTS,
     DEFAULT_RESTART_DELAY,
-    ElasticLauncher,
     check_options,
 )
 from .errors import LaunchError
