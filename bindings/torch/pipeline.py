@@ -228,8 +228,13 @@ class _Run:
                 error, sent = e, f"stage {self.stage}: {type(e).__name__}: {e}"
         if not pipe.is_last:
             data = pickle.dumps(sent)
-            if len(data) > _SPEC_BYTES:
-                raise ValueError(f"stage {self.stage}'s output has too many tensors to describe")
+            if len(data) > _SPEC_BYTES:  # the next stage must still hear of it
+                error = ValueError(
+                    f"stage {self.stage}'s output holds too many tensors ({len(sent[1])}) to "
+                    f"describe in {_SPEC_BYTES} bytes: return fewer tensors from the stage"
+                )
+                sent = f"stage {self.stage}: ValueError: {error}"
+                data = pickle.dumps(sent)
             pipe._sends.append((self.comm.Isend(data, self.stage + 1, _SPEC), data))
             if error is None and not isinstance(sent, str):
                 self.send(_flat(outputs), _ACTIVATION, self.stage + 1)
