@@ -201,9 +201,9 @@ def test_too_few_slots_at_start_exits_1(capsys, tmp_path):
 
 FAKE_MPIEXEC = """\
 #!{python}
-# Plays the next line of $FAKE_PLAN: "ok", "exit N", "sleep" (60 s), or "die R" (rank R ends
-# without leaving horovodlite, as a SIGKILLed rank would: its pid in the exit watch's folder,
-# no leave mark).
+# Plays the next line of $FAKE_PLAN: "ok", "exit N", "sleep" (60 s), or "die R[,R...]" (ranks R
+# end without leaving horovodlite, as SIGKILLed ranks would: their pids in the exit watch's
+# folder, no leave marks).
 import os, socket, subprocess, sys, time
 if sys.argv[1:] == ["--version"]:
     print("HYDRA build details:")
@@ -225,11 +225,12 @@ if step.startswith("exit"):
 if step == "sleep":
     time.sleep(60)
 if step.startswith("die"):
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    folder = os.environ["HOROVODLITE_EXIT_REPORT_DIR"]
-    with open(os.path.join(folder, "rank-" + step.split()[1]), "w") as f:
-        f.write(f"{{gone.pid}} {{socket.gethostname()}}\\n")
+    for rank in step.split()[1].split(","):
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        folder = os.environ["HOROVODLITE_EXIT_REPORT_DIR"]
+        with open(os.path.join(folder, "rank-" + rank), "w") as f:
+            f.write(f"{{gone.pid}} {{socket.gethostname()}}\\n")
     time.sleep(0.3)  # a real rank notes its pid at init(), long before it dies: let the watch look
     sys.exit(9)
 """
@@ -303,6 +304,18 @@ def test_a_host_that_fails_twice_in_a_row_is_excluded(capsys, fake_mpiexec, tmp_
     hosts = [r.split(" restart=")[0] for r in _calls(calls)]
     assert hosts == ["n=4 hosts=a:2,b:2", "n=4 hosts=a:2,b:2", "n=2 hosts=a:2"], err
     assert "host b excluded: its workers failed in 2 runs in a row" in err
+
+
+def test_ranks_named_on_several_hosts_blame_none(capsys, fake_mpiexec):
+    # The watch saw rank 1 (on a) and rank 2 (on b) end in one look: which came first is
+    # unknown, so neither host counts a failure.
+    calls = fake_mpiexec("die 1,2", "die 1,2", "ok")
+    status, err = _main(capsys, "-H", "a:2,b:2", "--min-np", "2", "--skip-host-check",
+                        "--restart-delay", "0", "true")  # fmt: skip
+    assert status == 0, err
+    assert [r.split(" restart=")[0] for r in _calls(calls)] == ["n=4 hosts=a:2,b:2"] * 3, err
+    assert "rank 1 on a, rank 2 on b ended without leaving horovodlite" in err, err
+    assert "excluded" not in err
 
 
 def test_exclusion_below_min_np_gives_up(capsys, fake_mpiexec):

@@ -267,8 +267,10 @@ def _run_elastic(args, settings: dict, mpi_args: list) -> int:
     elif args.hostfile is not None:
         static = launcher_hosts(parse_hostfile(args.hostfile))
     num_proc = args.num_proc
-    if num_proc is None and args.min_np is None and args.max_np is None and static:
-        num_proc = sum(h.slots for h in static)
+    if num_proc is None and static:  # start on every slot the list offers, up to --max-np
+        slots = sum(h.slots for h in static)
+        slots = slots if args.max_np is None else min(slots, args.max_np)
+        num_proc = slots if args.min_np is None or slots >= args.min_np else None
     options = check_options(
         num_proc, args.min_np, args.max_np, args.max_restarts, args.restart_delay,
         args.host_discovery_script, args.discovery_interval, args.elastic_timeout,

@@ -379,6 +379,9 @@ class ElasticLauncher:
         ranks = [rank for rank, _ in culprits]
         owners = rank_hosts(placed)
         failed = {owners[r] for r in ranks if r < len(owners)}
+        # The watch may see the first death and the ranks mpiexec killed after it in one look:
+        # blame a host only when every rank named is on it.
+        failed = failed if len(failed) == 1 else set()
         if culprits:
             named = ", ".join(f"rank {r} on {owners[r]}" for r in ranks if r < len(owners))
             reason = f"{named} ended without leaving horovodlite, mpiexec status {status}"
