@@ -69,6 +69,7 @@ def main() -> None:
             for batch_idx, (x, y, index) in enumerate(loader):
                 step = state.step + 1
                 if restart == 0 and step == args.kill_step and hvd.rank() == args.kill_rank:
+                    time.sleep(0.5)  # the others wait in the step's all-reduce, and mark it
                     os.kill(os.getpid(), signal.SIGKILL)
                 optimizer.zero_grad()
                 loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)

@@ -41,6 +41,9 @@ def main(log: str, mode: str) -> int:
         mode == "kill-always" and hvd.rank() == 1) or (
         mode == "kill-host1" and hvd.cross_rank() == 1)  # fmt: skip
     if die:
+        # The others are in a collective by then, long enough to mark their wait: the exit
+        # watch then names only the ranks that died on their own.
+        time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "grow" and restart == 0:
         first = counter()
