@@ -201,7 +201,8 @@ def test_too_few_slots_at_start_exits_1(capsys, tmp_path):
 
 FAKE_MPIEXEC = """\
 #!{python}
-# Plays the next line of $FAKE_PLAN: "ok", "exit N", "sleep" (60 s), or "die R[,R...]" (ranks R
+# Plays the next line of $FAKE_PLAN: "ok", "exit N", "sleep" (60 s), "run [commit]" (below), or
+# "die R[,R...]" (ranks R
 # end without leaving horovodlite, as SIGKILLed ranks would: their pids in the exit watch's
 # folder, no leave marks).
 import os, socket, subprocess, sys, time
@@ -224,6 +225,15 @@ if step.startswith("exit"):
     sys.exit(int(step.split()[1]))
 if step == "sleep":
     time.sleep(60)
+if step.startswith("run"):  # "run [commit]": maybe commit, then run 1.5 s; leave 75 on news
+    if step.endswith("commit"):
+        from horovodlite.training.commit_store import CommitStore, commit_folder
+        CommitStore(commit_folder(os.environ["HOROVODLITE_ELASTIC_DIR"],
+                                  os.environ["HOROVODLITE_ELASTIC_JOB_ID"], 0)).write(1, b"1")
+    hosts = os.environ["HOROVODLITE_ELASTIC_HOSTS_FILE"]
+    first = open(hosts).read()
+    time.sleep(1.5)
+    sys.exit(75 if open(hosts).read() != first else 0)
 if step.startswith("die"):
     for rank in step.split()[1].split(","):
         gone = subprocess.Popen(["true"])
@@ -369,3 +379,45 @@ def test_sigterm_stops_the_job_without_a_restart(fake_mpiexec):
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "stopped by signal 15: no restart" in err, err
     assert len(_calls(calls)) == 1
+
+
+def _growing(tmp_path, capsys, *steps, discovery=("localhost:2", "localhost:3")) -> tuple:
+    calls_file = tmp_path / "discovery-calls"
+    lines = "".join(f"  {k}) echo '{text}' ;;\n" for k, text in enumerate(discovery[:-1]))
+    script = _script(tmp_path / "grow.sh", f"""\
+        n=$(cat {calls_file} 2>/dev/null || echo 0); echo $((n + 1)) > {calls_file}
+        case "$n" in
+        {lines}  *) echo '{discovery[-1]}' ;;
+        esac
+        """)  # fmt: skip
+    return _main(capsys, "-np", "2", "--max-np", "3", "--host-discovery-script", script,
+                 "--discovery-interval", "0.1", "--restart-delay", "0", "true")  # fmt: skip
+
+
+def test_new_slots_are_announced_after_a_commit_and_the_job_grows(capsys, fake_mpiexec, tmp_path):
+    calls = fake_mpiexec("run commit", "ok")
+    status, err = _growing(tmp_path, capsys)
+    assert status == 0, err
+    assert [r.split(" job=")[0] for r in _calls(calls)] == [
+        "n=2 hosts=localhost:2 restart=0", "n=3 hosts=localhost:3 restart=1",
+    ], err  # fmt: skip
+    assert "discovery shows 3 usable slots (localhost:3), the job uses 2: hosts file set to 1" in (
+        err
+    )  # fmt: skip
+    assert "restart 1 (hosts added; not counted): 3 workers on localhost:3, resuming from " \
+        "commit 1" in err  # fmt: skip
+
+
+def test_no_announcement_before_the_run_commits(capsys, fake_mpiexec, tmp_path):
+    calls = fake_mpiexec("run")
+    status, err = _growing(tmp_path, capsys)
+    assert status == 0 and len(_calls(calls)) == 1, err
+    assert "hosts file set" not in err
+
+
+def test_a_bad_discovery_run_while_running_is_a_warning(capsys, fake_mpiexec, tmp_path):
+    calls = fake_mpiexec("run commit")
+    status, err = _growing(tmp_path, capsys, discovery=("localhost:2", "localhost slots=3"))
+    assert status == 0 and len(_calls(calls)) == 1, err
+    assert err.count("warning: ") == 1, err
+    assert "'localhost slots=3' on line 1" in err and "(the job goes on)" in err, err
