@@ -80,6 +80,8 @@ class Settings:
         elastic_hosts_file: ELASTIC_HOSTS_FILE, set by the elastic launcher: a file it rewrites
             (one line, a counter) whenever host discovery finds new slots, which `commit()` and
             `check_host_updates()` watch.
+        elastic_hosts_baseline: ELASTIC_HOSTS_BASELINE, set by the elastic launcher: the counter
+            in the hosts file when it started this run; a different counter means new hosts.
         elastic_restart: ELASTIC_RESTART (0): how many times the elastic launcher restarted the
             job before this run.
     """
@@ -100,6 +102,7 @@ class Settings:
     elastic_job_id: Optional[str] = None
     elastic_dir: str = os.path.join(tempfile.gettempdir(), "horovodlite-elastic")
     elastic_hosts_file: Optional[str] = None
+    elastic_hosts_baseline: Optional[int] = None
     elastic_restart: int = 0
 
     @classmethod
@@ -140,6 +143,7 @@ class Settings:
             elastic_job_id=env_value("ELASTIC_JOB_ID", None, str),
             elastic_dir=env_value("ELASTIC_DIR", cls.elastic_dir, str),
             elastic_hosts_file=env_value("ELASTIC_HOSTS_FILE", None, str),
+            elastic_hosts_baseline=env_value("ELASTIC_HOSTS_BASELINE", None, int),
             elastic_restart=env_value("ELASTIC_RESTART", 0, int),
         )
 

@@ -323,6 +323,7 @@ class ElasticLauncher:
         env = dict(self.settings)
         env["HOROVODLITE_ELASTIC_JOB_ID"] = self.job_id
         env["HOROVODLITE_ELASTIC_HOSTS_FILE"] = self.hosts_file
+        env["HOROVODLITE_ELASTIC_HOSTS_BASELINE"] = str(self._counter)  # what a bump changes
         env["HOROVODLITE_ELASTIC_RESTART"] = str(restart)
         if os.environ.get("HOROVODLITE_ELASTIC_DIR"):
             env["HOROVODLITE_ELASTIC_DIR"] = os.environ["HOROVODLITE_ELASTIC_DIR"]
@@ -397,10 +398,9 @@ class ElasticLauncher:
     def _watch_run(self, np: int) -> bool:
         """Wait for the running job, polling discovery; return whether new hosts were announced.
 
-        New hosts are announced only once the run has made a commit: the workers take the
-        counter they first read as the baseline (at TorchState() or their first check), so
-        a bump before that would go unseen; and a run without a commit has nothing to
-        restart from.
+        New hosts are announced only once the run has made a commit: a run without a commit
+        has nothing to restart from. (The workers compare the counter with the one this
+        launcher gave them at the start, HOROVODLITE_ELASTIC_HOSTS_BASELINE.)
         """
         bumped = False
         interval = self.options.discovery_interval

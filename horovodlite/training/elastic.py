@@ -342,14 +342,19 @@ def _read_counter(path: str) -> Optional[int]:
 
 
 def hosts_counter_at_start() -> Optional[int]:
-    """Return the hosts-update counter as this process first read it (at run() or a check).
+    """Return the hosts-update counter when this run started.
 
-    Only rank 0's reading decides. A missing file counts as "no counter", and any counter seen
-    later then means new hosts; a malformed one is reported by the first check, on every rank.
+    The launcher passes it (ELASTIC_HOSTS_BASELINE), so a bump at any time after the launch is
+    seen; without it, the counter as this process first read it (at run() or a check). Only
+    rank 0's reading decides. A missing file counts as "no counter", and any counter seen later
+    then means new hosts; a malformed one is reported by the first check, on every rank.
     """
     global _hosts_counter
+    settings = _state.current().settings
+    if settings.elastic_hosts_baseline is not None:
+        return settings.elastic_hosts_baseline
     if _hosts_counter is ...:
-        path = _state.current().settings.elastic_hosts_file
+        path = settings.elastic_hosts_file
         try:
             _hosts_counter = _read_counter(path) if path else None
         except ValueError:
