@@ -134,6 +134,14 @@ def test_two_hosts_two_slots_topology_and_collectives(cluster):
 
 
 @pytest.mark.netns
+def test_uneven_hosts_choose_alike(cluster):
+    """3 ranks on hosts of 2 and 1: every rank takes the same all-reduce and all-gather."""
+    result = _rank_pytest(cluster, 3, 2, "multihost_uneven.py", timeout=120)
+    assert result.returncode == 0, result.stdout[-20000:]
+    assert result.stdout.count("3 passed") == 3, result.stdout[-5000:]
+
+
+@pytest.mark.netns
 def test_hosts_are_isolated_namespaces(cluster):
     assert len(cluster.hosts) == 2 and len({h.address for h in cluster.hosts}) == 2
     inside = subprocess.run(

@@ -42,7 +42,7 @@ class _Topology(NamedTuple):
     hosts: tuple  # (first rank, ranks) of every host, in rank order, if hosts are consecutive
 
 
-# Communicator -> its _Topology, or None for one host or one rank per host. Built at the
+# Communicator -> its _Topology, or None for one host or one rank on every host. Built at the
 # communicator's first hierarchical collective (a collective of all its ranks, as that one is)
 # and dropped with it.
 _topologies: dict = {}
@@ -54,8 +54,10 @@ def _topology(comm):
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
         cross = comm.Split(color=local.rank, key=comm.rank)
         members = comm.allgather((local.rank, local.size))
-        if 1 < local.size < comm.size:
-            firsts = [rank for rank, (local_rank, _) in enumerate(members) if local_rank == 0]
+        # Decided from what every rank gathered, never from this rank's host alone: with hosts
+        # of 2 ranks and 1, all ranks must choose the same way.
+        firsts = [rank for rank, (local_rank, _) in enumerate(members) if local_rank == 0]
+        if len(firsts) > 1 and max(size for _, size in members) > 1:
             hosts = tuple((first, members[first][1]) for first in firsts)
             consecutive = (
                 all(members[first + i][0] == i for first, size in hosts for i in range(size))
