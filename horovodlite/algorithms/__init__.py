@@ -9,6 +9,8 @@ Adasum (adasum.py) is a reduce op with an algorithm of its own, not a choice amo
 fusion code runs it for op=Adasum, whatever algorithm was asked for.
 """
 
+import itertools
+
 from mpi4py import MPI
 
 from .adasum import ADASUM_DTYPES, adasum_allreduce, is_power_of_two
@@ -104,8 +106,6 @@ def allgatherv(comm, own, out, counts: list, wire, segment_bytes: int, hierarchi
     elif out.nbytes >= RING_ALLGATHER_BYTES and comm.size > 1:
         ring_allgatherv(comm, own, out, counts, segment_bytes)
     else:
-        displacements = [0]
-        for count in counts[:-1]:
-            displacements.append(displacements[-1] + count)
+        displacements = [0, *itertools.accumulate(counts[:-1])]
         send = MPI.IN_PLACE if own is None else [own, wire]
         comm.Allgatherv(send, [out, (counts, displacements), wire])
