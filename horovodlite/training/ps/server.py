@@ -1,0 +1,160 @@
+"""A parameter server's loop: answer pulls, apply pushes, notice workers that die.
+
+The loop is plain MPI point-to-point on the job's own communicator (protocol.py), framework
+free: what the server holds and how it updates it is a `store` that a binding provides:
+
+- `dense()`: copies of the server's dense pieces, a list of arrays (sent while updates go on).
+- `rows(index, rows)`: a copy of these global rows of embedding `index`.
+- `sparse()`: `{index: a copy of the server's rows of embedding index}`.
+- `apply(dense, sparse)`: one optimizer step with these gradients: `dense` a list of arrays in
+  the order of `dense()`, `sparse` `{index: (global rows, values)}`.
+"""
+
+import logging
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from . import protocol as p
+from .clocks import Clocks
+from .stats import ServerStats
+from .waits import wait_for
+
+__all__ = ["ServerLoop"]
+
+_log = logging.getLogger("horovodlite.ps")
+
+
+class ServerLoop:
+    """Serve `workers` (ranks of `comm`, a pkl5 communicator) until each is done or dead.
+
+    Args:
+        comm: an mpi4py.util.pkl5.Comm over the job's own duplicate communicator.
+        workers: the worker ranks.
+        peers: rank -> waits.Peer, to tell whether a silent worker still lives.
+        store: the server's parameters and optimizer (see the module docstring).
+        staleness: None (asynchronous), or the most steps a worker may run ahead (0: synchronous).
+        silence: seconds without a message after which a worker on another host counts as dead.
+    """
+
+    def __init__(self, comm, workers, peers, store, staleness, silence: float):
+        self.comm, self.peers, self.store, self.silence = comm, peers, store, silence
+        self.clocks = Clocks(workers, staleness)
+        self.stats = ServerStats(comm.rank)
+        self.version = 0  # optimizer updates applied so far
+        self.pending: dict = {}  # worker -> True while its dense pull waits for the rule
+        self.finished: set = set()  # workers that sent DONE
+        self.step_pushes: dict = {}  # synchronous: worker -> its push of the open step
+        self._sends: list = []  # (destination, pkl5 request), kept until complete
+
+    def serve(self) -> dict:
+        """Run until every worker has finished or died; return this server's summary."""
+        status = MPI.Status()
+        while self.clocks.live:
+            message = wait_for(lambda: self.comm.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status),
+                               self._check_workers)  # fmt: skip
+            obj = message.recv()
+            self._handle(status.Get_source(), status.Get_tag(), obj)
+            self._answer_pulls()
+            self._prune_sends()
+        self.stats.stop = time.perf_counter()
+        summary = self.stats.summary()
+        final = (self.version, self.store.dense(), self.store.sparse(), summary,
+                 sorted(self.clocks.dead))  # fmt: skip
+        for worker in sorted(self.finished):
+            self._send(worker, p.FINAL, final)
+        wait_for(lambda: True if self._prune_sends() == 0 else None, self._check_workers)
+        return summary
+
+    # -- messages -----------------------------------------------------------------------------
+
+    def _handle(self, worker: int, tag: int, obj) -> None:
+        self.stats.heard()
+        self.peers[worker].heard = time.monotonic()
+        if worker in self.clocks.dead:
+            return  # taken for dead (silent on another host too long): too late to count
+        if tag == p.PULL:
+            self.clocks.join(worker)
+            self.pending[worker] = True
+        elif tag == p.ROWS:
+            self.stats.bytes_in += p.payload_bytes(obj)
+            self._send(worker, p.ROW_VALUES, {i: self.store.rows(i, r) for i, r in obj.items()})
+        elif tag == p.PUSH:
+            self._push(worker, *obj)
+        elif tag == p.DONE:
+            self.finished.add(worker)
+            self.clocks.finish(worker)
+            self._apply_complete_step()
+        else:
+            raise ValueError(f"parameter server {self.comm.rank}: unknown message tag {tag}")
+
+    def _push(self, worker: int, version: int, dense: list, sparse: dict) -> None:
+        self.stats.pushes += 1
+        self.stats.bytes_in += p.payload_bytes((dense, sparse))
+        self.stats.staleness.append(self.version - version)
+        self.clocks.pushed(worker)
+        if self.clocks.synchronous:
+            self.step_pushes[worker] = (dense, sparse)
+            self._apply_complete_step()
+        else:
+            self._apply(dense, sparse)
+
+    def _apply_complete_step(self) -> None:
+        """Synchronous: once every live worker pushed the open step, apply their mean."""
+        if not self.clocks.synchronous or not self.step_pushes:
+            return
+        if not self.clocks.step_complete(self.version):
+            return
+        pushes = [self.step_pushes[w] for w in sorted(self.step_pushes)]
+        self.step_pushes = {}
+        n = len(pushes)
+        dense = [sum(grads[k] for grads, _ in pushes) / n for k in range(len(pushes[0][0]))]
+        sparse: dict = {}
+        for _, rows in pushes:
+            for index, (r, v) in rows.items():
+                sparse.setdefault(index, []).append((r, v))
+        merged = {
+            i: (np.concatenate([r for r, _ in parts]), np.concatenate([v for _, v in parts]) / n)
+            for i, parts in sparse.items()
+        }
+        self._apply(dense, merged)
+
+    def _apply(self, dense: list, sparse: dict) -> None:
+        self.store.apply(dense, sparse)
+        self.version += 1
+        self.stats.updates += 1
+
+    def _answer_pulls(self) -> None:
+        for worker in sorted(self.pending):
+            if worker in self.clocks.live and self.clocks.may_answer(worker):
+                del self.pending[worker]
+                self._send(worker, p.PARAMS, (self.version, self.store.dense()))
+
+    # -- sends and deaths ---------------------------------------------------------------------
+
+    def _send(self, worker: int, tag: int, obj) -> None:
+        self.stats.bytes_out += p.payload_bytes(obj)
+        self._sends.append((worker, self.comm.isend(obj, worker, tag)))
+
+    def _prune_sends(self) -> int:
+        """Drop completed sends, and sends to dead workers (never completed); return the rest."""
+        self._sends = [(w, r) for w, r in self._sends
+                       if w not in self.clocks.dead and not r.test()[0]]  # fmt: skip
+        return len(self._sends)
+
+    def _check_workers(self) -> None:
+        """Called during long waits: take workers whose process is gone for dead."""
+        for worker in sorted(self.clocks.live):
+            # A worker whose pull waits here is silent by this server's doing.
+            if not self.peers[worker].alive(self.silence, expected=worker not in self.pending):
+                self.stats.dead[worker] = self.clocks.clock[worker]
+                self.clocks.died(worker)
+                self.step_pushes.pop(worker, None)
+                _log.warning(
+                    "parameter server rank %d: worker rank %d died after %d steps; "
+                    "going on with workers %s",
+                    self.comm.rank, worker, self.clocks.clock[worker], sorted(self.clocks.live),
+                )  # fmt: skip
+        self._apply_complete_step()
+        self._answer_pulls()

@@ -1,0 +1,141 @@
+"""A worker's side of the messages: pull, fetch rows, push, finish; framework free.
+
+Sends are non-blocking and kept until complete, so a push goes out while the worker loads its
+next batch; replies are waited for with waits.wait_for, which notices a server that died (its
+shard of the parameters is lost with it: the job cannot go on) and a wait past `timeout`.
+"""
+
+import time
+
+import numpy as np
+
+from horovodlite.exceptions import HorovodLiteError
+
+from . import protocol as p
+from .layout import owner_of_rows
+from .waits import wait_for
+
+__all__ = ["WorkerClient"]
+
+
+class WorkerClient:
+    """The messages of one worker to every server.
+
+    Args:
+        comm: an mpi4py.util.pkl5.Comm over the job's own duplicate communicator.
+        servers: the server ranks, in shard order.
+        peers: rank -> waits.Peer.
+        sparse_bounds: {embedding index: row bounds of the servers (servers + 1 numbers)}.
+        timeout: seconds one wait for a server may last.
+    """
+
+    def __init__(self, comm, servers, peers, sparse_bounds: dict, timeout: float):
+        self.comm, self.servers, self.peers = comm, list(servers), peers
+        self.sparse_bounds, self.timeout = sparse_bounds, timeout
+        self.versions = [0] * len(self.servers)  # each server's update the parameters came from
+        self.step = 0
+        self._sends: list = []
+        self.bytes_sent = self.bytes_received = 0
+
+    # -- dense parameters ---------------------------------------------------------------------
+
+    def request_params(self) -> None:
+        """Ask every server for the dense parameters of this worker's next step."""
+        for server in self.servers:
+            self._send(server, p.PULL, self.step)
+
+    def receive_params(self) -> list:
+        """Wait for the parameters asked for; return each server's list of dense pieces."""
+        pieces = []
+        for k, server in enumerate(self.servers):
+            self.versions[k], dense = self._receive(server, p.PARAMS, "its parameters")
+            pieces.append(dense)
+        return pieces
+
+    # -- embedding rows -----------------------------------------------------------------------
+
+    def rows(self, index: int, rows: np.ndarray) -> np.ndarray:
+        """Return the current values of `rows` (unique, int64) of embedding `index`."""
+        owners = owner_of_rows(self.sparse_bounds[index], rows)
+        asked = [k for k in range(len(self.servers)) if np.any(owners == k)]
+        for k in asked:
+            self._send(self.servers[k], p.ROWS, {index: rows[owners == k]})
+        values = None
+        for k in asked:
+            part = self._receive(self.servers[k], p.ROW_VALUES, "embedding rows")[index]
+            if values is None:
+                values = np.empty((len(rows),) + part.shape[1:], part.dtype)
+            values[owners == k] = part
+        return values
+
+    def split_rows(self, index: int, rows: np.ndarray, values: np.ndarray) -> list:
+        """Split the gradient rows of embedding `index` by server: a (rows, values) per server."""
+        owners = owner_of_rows(self.sparse_bounds[index], rows)
+        return [(rows[owners == k], values[owners == k]) for k in range(len(self.servers))]
+
+    # -- pushing and finishing ----------------------------------------------------------------
+
+    def push(self, dense: list, sparse: list) -> None:
+        """Send this step's gradients: per server, its dense pieces and {index: (rows, values)}.
+
+        The arrays must not change until the sends complete (the next push waits for them).
+        """
+        self._complete_sends()
+        for k, server in enumerate(self.servers):
+            self._send(server, p.PUSH, (self.versions[k], dense[k], sparse[k]))
+        self.step += 1
+
+    def finish(self) -> list:
+        """Tell every server this worker is done; wait for each one's FINAL and return them.
+
+        A server answers once every worker has finished or died, with its last parameters.
+        """
+        for server in self.servers:
+            self._send(server, p.DONE, None)
+        finals = [self._receive(s, p.FINAL, "the end of training") for s in self.servers]
+        self._complete_sends()
+        return finals
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _send(self, server: int, tag: int, obj) -> None:
+        self.bytes_sent += p.payload_bytes(obj)
+        self._sends.append(self.comm.isend(obj, server, tag))
+
+    def _complete_sends(self) -> None:
+        def done():
+            self._sends = [r for r in self._sends if not r.test()[0]]
+            return True if not self._sends else None
+
+        wait_for(
+            done, self._check_servers(self.servers, "its pushes to be received", time.monotonic())
+        )
+
+    def _receive(self, server: int, tag: int, what: str):
+        start = time.monotonic()
+        message = wait_for(lambda: self.comm.improbe(server, tag),
+                           self._check_servers([server], what, start))  # fmt: skip
+        obj = message.recv()
+        self.bytes_received += p.payload_bytes(obj)
+        self.peers[server].heard = time.monotonic()
+        return obj
+
+    def _check_servers(self, servers, what: str, start: float):
+        def check():
+            for server in servers:
+                peer = self.peers[server]
+                if not peer.alive(self.timeout, expected=False):
+                    raise HorovodLiteError(
+                        f"parameter server rank {server} (pid {peer.pid} on {peer.host}) died "
+                        f"while worker rank {self.comm.rank} waited for {what}: its shard of the "
+                        "parameters is lost, so training cannot go on (servers do not checkpoint; "
+                        "restart the job from your own checkpoint)"
+                    )
+            if time.monotonic() - start > self.timeout:
+                raise HorovodLiteError(
+                    f"worker rank {self.comm.rank} waited {self.timeout:.0f} s for {what} from "
+                    f"parameter servers {servers}: no answer (a server on another host may have "
+                    "died; raise HOROVODLITE_COLLECTIVE_TIMEOUT if a slow worker holds it back)"
+                )
+
+        return check
