@@ -8,7 +8,6 @@ on every rank after the agreement step, so a mistake never leaves the other rank
 Every argument after the data (tensor, root_rank, splits) is keyword-only.
 """
 
-import itertools
 import math
 
 import numpy as np
@@ -16,7 +15,7 @@ import numpy as np
 from . import algorithms, small_allreduce
 from .agreement import digest
 from .algorithms.scratch import chunk_bounds
-from .buffers import DTYPE_NAMES, wire_type
+from .buffers import DTYPE_NAMES
 from .checks import (
     check_reduction,
     check_rows,
@@ -32,6 +31,7 @@ from .plan import Plan, run_now, signature_of, synchronous, waiter
 from .process_sets import communicator, global_process_set
 from .staging import deliver, flat_work, scale
 from .state import current
+from .transport import select
 
 __all__ = [
     "allreduce",
@@ -111,6 +111,7 @@ def allreduce_plan(
             xp is np
             and settings.check_metadata
             and small_allreduce.travels_inline(array, resolved, scaled, requested, comm.size)
+            and select(settings, np, resolved, array.dtype).name == "mpi"  # data on MPI only
         ):
 
             def inline(comm):
@@ -231,16 +232,13 @@ def reducescatter_plan(
     }
 
     def execute(comm, _):
-        buf, module = flat_work(array, xp, copy=True)
+        transport = select(settings, xp, resolved, array.dtype)
+        buf, module = flat_work(array, xp, True, transport)
         row = math.prod(array.shape[1:])
         rows = chunk_bounds(array.shape[0], comm.size)
         bounds = tuple((lo * row, hi * row) for lo, hi in rows)
-        chosen = algorithms.choose(
-            requested, algorithms.REDUCESCATTER, buf.nbytes, buf.dtype, module
-        )
         scale(module, buf, prescale_factor)
-        reduce = algorithms.REDUCESCATTER[chosen]
-        mine = reduce(comm, buf, bounds, resolved, module, settings.ring_segment_bytes).copy()
+        mine = transport.reducescatter(comm, buf, bounds, resolved, module, requested).copy()
         divisor = comm.size if resolved == ReduceOp.AVERAGE else 1
         scale(module, mine, postscale_factor / divisor)
         lo, hi = rows[comm.rank]
@@ -280,8 +278,9 @@ def broadcast_plan(
     }
 
     def execute(comm, _):
-        buf, _module = flat_work(array, xp, copy=not inplace)
-        comm.Bcast([buf, wire_type(buf.dtype)], root)
+        transport = select(current().settings, xp)
+        buf, _module = flat_work(array, xp, not inplace, transport)
+        transport.broadcast(comm, buf, root)
         return deliver(buf, array, xp, inplace)
 
     return Plan(fields, set_id(process_set), comm, ranks, error, execute=execute)
@@ -289,17 +288,6 @@ def broadcast_plan(
 
 broadcast = synchronous(broadcast_plan, "broadcast")
 broadcast_ = synchronous(broadcast_plan, "broadcast_", inplace=True)
-
-
-def _displacements(counts: list) -> list:
-    return [0, *itertools.accumulate(counts[:-1])]
-
-
-def _allgatherv(comm, own, out, counts: list, wire) -> None:
-    settings = current().settings
-    algorithms.allgatherv(
-        comm, own, out, counts, wire, settings.ring_segment_bytes, settings.hierarchical_allgather
-    )
 
 
 def allgather_plan(tensor, *, name=None, process_set=global_process_set) -> Plan:
@@ -317,12 +305,12 @@ def allgather_plan(tensor, *, name=None, process_set=global_process_set) -> Plan
     }
 
     def execute(comm, rows):
-        buf, module = flat_work(array, xp, copy=False)
+        transport = select(current().settings, xp)
+        buf, module = flat_work(array, xp, False, transport)
         row = math.prod(array.shape[1:])
         counts = [r * row for r in rows]
         out = module.empty(sum(counts), dtype=array.dtype)
-        wire = wire_type(array.dtype)
-        _allgatherv(comm, buf, out, counts, wire)
+        transport.allgatherv(comm, buf, out, counts)
         return deliver(out, array, xp, False, (sum(rows), *array.shape[1:]))
 
     payload = array.shape[0] if array.ndim else 0
@@ -363,11 +351,10 @@ def allgather_into_plan(out, rows, *, name=None, process_set=global_process_set)
                 f"allgather_into: the ranks hold {list(counts)} rows, {sum(counts)} in all, "
                 f"but out has {array.shape[0]}"
             )
-        buf, module = flat_work(array, xp, copy=False)
+        transport = select(current().settings, xp)
+        buf, module = flat_work(array, xp, False, transport)
         row = math.prod(array.shape[1:])
-        counts = [c * row for c in counts]
-        wire = wire_type(array.dtype)
-        _allgatherv(comm, None, buf, counts, wire)
+        transport.allgatherv(comm, None, buf, [c * row for c in counts])
         return deliver(buf, array, xp, True)
 
     payload = rows if isinstance(rows, int) else 0
@@ -429,15 +416,12 @@ def alltoall_plan(tensor, splits=None, *, name=None, process_set=global_process_
     def execute(comm, _):
         received_splits = np.empty(comm.size, dtype=np.int64)
         comm.Alltoall(send_splits, received_splits)
-        buf, module = flat_work(array, xp, copy=False)
+        transport = select(current().settings, xp)
+        buf, module = flat_work(array, xp, False, transport)
         row = math.prod(array.shape[1:])
         send_counts, recv_counts = (send_splits * row).tolist(), (received_splits * row).tolist()
         out = module.empty(int(received_splits.sum()) * row, dtype=array.dtype)
-        wire = wire_type(array.dtype)
-        comm.Alltoallv(
-            [buf, (send_counts, _displacements(send_counts)), wire],
-            [out, (recv_counts, _displacements(recv_counts)), wire],
-        )
+        transport.alltoallv(comm, buf, send_counts, out, recv_counts)
         received = deliver(out, array, xp, False, (int(received_splits.sum()), *array.shape[1:]))
         if splits is None:
             return received
@@ -462,7 +446,7 @@ def barrier(*, process_set=global_process_set) -> None:
             set_id(process_set),
             comm,
             ranks,
-            execute=lambda comm, _: comm.Barrier(),
+            execute=lambda comm, _: select(current().settings, np).barrier(comm),
         )
     )
 

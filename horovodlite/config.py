@@ -14,7 +14,10 @@ from typing import Callable, Optional
 
 from . import algorithms
 
-__all__ = ["Settings", "env_value", "env_flag", "HOSTS_UPDATED_EXIT_CODE"]
+__all__ = ["Settings", "env_value", "env_flag", "HOSTS_UPDATED_EXIT_CODE", "TRANSPORTS"]
+
+# What HOROVODLITE_TRANSPORT may name (transport.py): the data plane of the collectives.
+TRANSPORTS = ("auto", "mpi", "gloo", "nccl", "cupy-nccl")
 
 # The exit status with which every rank of an elastic job leaves after `commit()` saw new hosts:
 # the launcher restarts the job at the larger size from that commit instead of counting a failure.
@@ -84,6 +87,11 @@ class Settings:
             in the hosts file when it started this run; a different counter means new hosts.
         elastic_restart: ELASTIC_RESTART (0): how many times the elastic launcher restarted the
             job before this run.
+        transport: TRANSPORT ("auto"): what moves the collectives' data once the ranks agreed
+            (transport.py): "auto" (MPI for host buffers; for GPU buffers NCCL if there, else
+            CUDA-aware MPI, else MPI through host memory), "mpi", "gloo" (torch.distributed's
+            Gloo for host buffers), "nccl" (torch.distributed's NCCL for GPU buffers) or
+            "cupy-nccl" (CuPy's NCCL binding for GPU buffers).
     """
 
     check_metadata: bool = True
@@ -104,6 +112,7 @@ class Settings:
     elastic_hosts_file: Optional[str] = None
     elastic_hosts_baseline: Optional[int] = None
     elastic_restart: int = 0
+    transport: str = "auto"
 
     @classmethod
     def from_environment(cls) -> "Settings":
@@ -145,7 +154,15 @@ class Settings:
             elastic_hosts_file=env_value("ELASTIC_HOSTS_FILE", None, str),
             elastic_hosts_baseline=env_value("ELASTIC_HOSTS_BASELINE", None, int),
             elastic_restart=env_value("ELASTIC_RESTART", 0, int),
+            transport=env_value("TRANSPORT", "auto", _transport_name),
         )
+
+
+def _transport_name(value: str) -> str:
+    name = value.strip().lower()
+    if name not in TRANSPORTS:
+        raise ValueError(f"expected one of {', '.join(TRANSPORTS)}")
+    return name
 
 
 def _positive(name: str, value):

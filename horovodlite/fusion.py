@@ -16,6 +16,8 @@ from .algorithms.scratch import scratch
 from .buffers import DTYPE_NAMES, DTYPES_BY_NAME, device_module, synchronize_device
 from .ops import ReduceOp
 from .staging import deliver, flat_work, scale, staged
+from .state import current
+from .transport import select
 
 __all__ = ["FusionEntry", "allreduce_fields", "fused_allreduce", "fused_by_kind", "zeros_entry"]
 
@@ -70,10 +72,12 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
     span = timeline or (lambda phase: nullcontext())
     first = entries[0]
     dtype, xp = first.array.dtype, first.xp
+    # What moves the buffer (transport.py): MPI by default; an Adasum stays on MPI.
+    transport = select(current().settings, xp, first.op, dtype)
     if len(entries) == 1:
-        buf, module = flat_work(first.array, xp, copy=not first.inplace)
+        buf, module = flat_work(first.array, xp, not first.inplace, transport)
     else:
-        module = np if staged(xp) else xp
+        module = np if staged(xp, transport) else xp
         total = sum(entry.array.size for entry in entries)
         # Out-of-place results can be views of the fusion buffer if it is a new one each time.
         # That saves copying every result out, more than the new buffer's first touch costs
@@ -84,7 +88,7 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
         with span("MEMCPY_IN_FUSION_BUFFER"):
             offset = 0
             for entry in entries:
-                part, _ = flat_work(entry.array, xp, copy=False)
+                part, _ = flat_work(entry.array, xp, False, transport)
                 buf[offset : offset + part.size] = part
                 offset += part.size
         synchronize_device(module)
@@ -92,15 +96,17 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
         # Adasum's dot products are per tensor, as Horovod's: the buffer travels fused, and
         # each entry's part is combined by its own angle.
         chosen, bounds = "adasum", _bounds(entries)
-        run = functools.partial(algorithms.adasum_allreduce, parts=bounds)
-    else:
-        chosen = algorithms.choose(
-            first.requested, algorithms.ALLREDUCE, buf.nbytes, dtype, module, comm
+        run = functools.partial(
+            algorithms.adasum_allreduce, comm, buf, first.op, module, segment_bytes, parts=bounds
         )
-        run = algorithms.ALLREDUCE[chosen]
+    else:
+        # MPI names its algorithm (ring, mpi, ...), the other transports themselves (gloo, nccl):
+        # the timeline's ALLREDUCE_<name> says what moved the buffer.
+        chosen = transport.allreduce_algorithm(first.requested, buf, module, comm)
+        run = functools.partial(transport.allreduce, comm, buf, first.op, module, chosen)
     with span(f"ALLREDUCE_{chosen.upper()}"):
         scale(module, buf, first.prescale)
-        run(comm, buf, first.op, module, segment_bytes)
+        run()
         divisor = comm.size if first.op == ReduceOp.AVERAGE else 1
         scale(module, buf, first.postscale / divisor)
     if len(entries) == 1:

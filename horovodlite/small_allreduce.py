@@ -30,6 +30,7 @@ from .plan import waiter
 from .process_sets import global_process_set
 from .staging import deliver, scale
 from .state import current
+from .transport import select
 
 __all__ = ["travels_inline", "inline_allreduce", "short_allreduce"]
 
@@ -95,10 +96,11 @@ def _short_route(tensor, op, name, requested, state):
     """Return (digest, MPI datatype, whether it travels inline, wait) for a short all-reduce.
 
     The datatype is None where the MPI library cannot reduce this dtype itself (float16,
-    bfloat16, bool, unsupported ones): those go the general way, which also reports errors.
+    bfloat16, bool, unsupported ones), or where another transport moves host data
+    (HOROVODLITE_TRANSPORT=gloo): those go the general way, which also reports errors.
     """
     mpi_type = native_mpi_type(tensor.dtype)
-    if mpi_type is None:
+    if mpi_type is None or select(state.settings, np, op, tensor.dtype).name != "mpi":
         return None, None, False, None
     size = state.comm.size
     fields = allreduce_fields(name, tensor, op, 1.0, 1.0, requested, True)

@@ -1,26 +1,26 @@
 """Working buffers: where an algorithm runs, and how its result gets back to the caller.
 
 An algorithm runs on one flat contiguous buffer. Host arrays are used in place where that is
-allowed, else copied; GPU arrays stay on the GPU when the MPI library is CUDA-aware and are
-staged through host memory when it is not.
+allowed, else copied; GPU arrays stay on the GPU when the transport that moves them carries GPU
+buffers (NCCL, a CUDA-aware MPI; transport.py) and are staged through host memory when it does
+not.
 """
 
 import numpy as np
 
 from .buffers import synchronize_device
-from .runtime import cuda_aware_mpi
 
 __all__ = ["staged", "flat_work", "deliver", "scale"]
 
 
-def staged(xp) -> bool:
-    """Return whether GPU data must go through host memory (the MPI is not CUDA-aware)."""
-    return xp is not np and not cuda_aware_mpi()
+def staged(xp, transport) -> bool:
+    """Return whether GPU data must go through host memory (`transport` takes no GPU buffers)."""
+    return xp is not np and not transport.device
 
 
-def flat_work(array, xp, copy: bool):
-    """Return (flat contiguous buffer, its module) for an algorithm to run on."""
-    if staged(xp):
+def flat_work(array, xp, copy: bool, transport):
+    """Return (flat contiguous buffer, its module) for `transport` to move."""
+    if staged(xp, transport):
         return xp.asnumpy(array).reshape(-1), np
     if not copy and array.flags.c_contiguous:
         buf = array.reshape(-1)

@@ -26,11 +26,30 @@ CASES = [
     for module in MODULES
     for np in RANK_COUNTS_FOR.get(module, RANK_COUNTS)
 ]
+# The torch tests again with torch.distributed's Gloo moving the data (docs/gpu.md): the CPU twin
+# of the NCCL transport, so the seam and everything above it run in CI.
+GLOO = {"HOROVODLITE_TRANSPORT": "gloo"}
+GLOO_CASES = [
+    pytest.param(module, np, id=f"gloo-{module}-{np}")
+    for module in ("rank_torch.py", "rank_torch_training.py")
+    for np in (2, 3, 4)
+]
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("module, np", CASES)
 def test_module_on_ranks(module, np):
+    _run_module(module, np)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("module, np", GLOO_CASES)
+def test_torch_module_over_gloo(module, np):
+    pytest.importorskip("torch")
+    _run_module(module, np, env=GLOO)
+
+
+def _run_module(module: str, np: int, env: dict = None) -> None:
     result = run_ranks(
         np,
         # Hypothesis's pytest plugin imports hypothesis at start-up, a second of CPU per rank;
@@ -38,5 +57,7 @@ def test_module_on_ranks(module, np):
         ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
          "-o", "python_files=rank_*.py", "--rootdir", str(RANKS_DIR), str(RANKS_DIR / module)],
         timeout=240,
+        env=env,
     )  # fmt: skip
-    assert result.returncode == 0, f"{module} failed on {np} ranks:\n{result.stdout[-20000:]}"
+    where = f"{np} ranks" + (f" with {env}" if env else "")
+    assert result.returncode == 0, f"{module} failed on {where}:\n{result.stdout[-20000:]}"

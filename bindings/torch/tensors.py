@@ -13,6 +13,8 @@ import numpy as np
 
 import torch
 
+from . import transport  # noqa: F401  (registers the gloo and nccl transports)
+
 __all__ = ["TensorView"]
 
 _CUPY = importlib.util.find_spec("cupy") is not None

@@ -1,0 +1,416 @@
+"""Transports: what moves one flat (fused) buffer between the ranks of a communicator.
+
+Everything above a transport (agreement, the engine, fusion, join, timeouts, process sets) runs
+over MPI on every data plane; a transport only moves data that the ranks already agreed on, in
+the order they agreed on it. Every transport has the same methods on flat contiguous buffers
+(numpy, or CuPy for one that carries GPU buffers):
+
+    allreduce(comm, buf, op, xp, algorithm)        reduce `buf` in place
+    reducescatter(comm, buf, bounds, op, xp, algorithm) -> this rank's chunk
+    broadcast(comm, buf, root)                      root's `buf` into every rank's
+    allgatherv(comm, own, out, counts)              every rank's part into `out`, in rank order
+    alltoallv(comm, buf, send_counts, out, recv_counts)
+    barrier(comm)
+
+`comm` is the MPI communicator the collective was agreed on; a transport that is not MPI keeps
+its own group for each communicator (attached to it, so it lives and dies with it) and builds it
+the first time the ranks use it, all at the same point of their agreed order.
+
+Implementations: `mpi` (today's algorithms; GPU buffers where the MPI library is CUDA-aware),
+`cupy-nccl` (CuPy's NCCL binding), both below, and the torch binding's `gloo` and `nccl`
+(torch.distributed, registered when horovodlite.torch is imported). Transports that cannot
+reduce a dtype or op (Adasum, integers of some widths) leave those buffers to MPI.
+"""
+
+import functools
+
+import numpy as np
+from mpi4py import MPI
+
+from . import algorithms
+from .buffers import wire_type
+from .config import TRANSPORTS
+from .ops import ReduceOp
+from .runtime import cuda_aware_mpi
+
+__all__ = [
+    "NAMES",
+    "MPITransport",
+    "available",
+    "register",
+    "select",
+    "describe_choice",
+]
+
+# Every name HOROVODLITE_TRANSPORT takes (config.py). "auto": host buffers over MPI; GPU buffers
+# over NCCL (torch's, else CuPy's) where it is there, else CUDA-aware MPI, else MPI through host
+# memory.
+NAMES = TRANSPORTS
+
+# Reductions a transport without user-defined ops can run: Average is a Sum divided afterwards
+# by the fusion code, as for every algorithm; Adasum needs its own algorithm (MPI).
+NATIVE_OPS = frozenset(
+    {ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT}
+)
+
+# name -> factory(settings) -> transport or None (None: not usable in this process).
+_FACTORIES: dict = {}
+# The order in which GPU buffers try transports, unless the setting is "mpi".
+_GPU_PREFERENCE = ("nccl", "cupy-nccl")
+
+
+class MPITransport:
+    """Move buffers with mpi4py: horovodlite's algorithms, or the MPI library's own collectives.
+
+    GPU buffers are carried only by a CUDA-aware MPI; otherwise staging.py copies them to host
+    memory first.
+    """
+
+    name = "mpi"
+
+    def __init__(self, segment_bytes: int, hierarchical_allgather):
+        self.segment_bytes, self.hierarchical_allgather = segment_bytes, hierarchical_allgather
+
+    @property
+    def device(self) -> bool:
+        """Whether GPU buffers travel as they are (the MPI library is CUDA-aware)."""
+        return cuda_aware_mpi()
+
+    def supports(self, op, dtype) -> bool:
+        """Return True: MPI carries every dtype and op (Adasum too)."""
+        return True
+
+    def allreduce_algorithm(self, requested, buf, xp, comm) -> str:
+        """Return the algorithm that will all-reduce `buf` (the timeline names it)."""
+        return algorithms.choose(requested, algorithms.ALLREDUCE, buf.nbytes, buf.dtype, xp, comm)
+
+    def allreduce(self, comm, buf, op, xp, algorithm: str) -> None:
+        algorithms.ALLREDUCE[algorithm](comm, buf, op, xp, self.segment_bytes)
+
+    def reducescatter(self, comm, buf, bounds, op, xp, requested):
+        chosen = algorithms.choose(requested, algorithms.REDUCESCATTER, buf.nbytes, buf.dtype, xp)
+        return algorithms.REDUCESCATTER[chosen](comm, buf, bounds, op, xp, self.segment_bytes)
+
+    def broadcast(self, comm, buf, root: int) -> None:
+        comm.Bcast([buf, wire_type(buf.dtype)], root)
+
+    def allgatherv(self, comm, own, out, counts: list) -> None:
+        algorithms.allgatherv(
+            comm,
+            own,
+            out,
+            counts,
+            wire_type(out.dtype),
+            self.segment_bytes,
+            self.hierarchical_allgather,
+        )
+
+    def alltoallv(self, comm, buf, send_counts: list, out, recv_counts: list) -> None:
+        wire = wire_type(buf.dtype)
+        comm.Alltoallv(
+            [buf, (send_counts, _displacements(send_counts)), wire],
+            [out, (recv_counts, _displacements(recv_counts)), wire],
+        )
+
+    def barrier(self, comm) -> None:
+        comm.Barrier()
+
+
+class GroupTransport:
+    """A transport built on a library's groups (NCCL, Gloo): one group per MPI communicator.
+
+    A subclass gives the library's primitives on flat buffers of one group, each with equal
+    parts on every rank; this class derives the uneven collectives from them (an all-gather of
+    uneven parts pads them to the largest, a reduce-scatter of uneven chunks all-reduces and
+    keeps its own) and moves data that needs no arithmetic as bytes, so every dtype travels.
+
+    Subclasses set `name`, `device` and `reducible` (the dtypes their reductions take), and
+    define `make_group(comm)` and the primitives `reduce_all(group, buf, op)`,
+    `gather_all(group, send, out)`, `reduce_scatter(group, buf, out, op)`,
+    `broadcast_bytes(group, buf, root)`, `alltoallv_bytes(group, buf, send_counts, out,
+    recv_counts)` and `barrier_group(group)`.
+    """
+
+    name = ""
+    device = False
+    reducible: frozenset = frozenset()
+
+    def __init__(self):
+        # The group lives on the communicator as an MPI attribute: freed with it, never
+        # confused with a later communicator that reuses its handle.
+        self._keyval = MPI.Comm.Create_keyval()
+
+    def group(self, comm):
+        """Return this transport's group for `comm`, building it the first time (collective)."""
+        group = comm.Get_attr(self._keyval)
+        if group is None:
+            group = self.make_group(comm)
+            comm.Set_attr(self._keyval, group)
+        return group
+
+    def supports(self, op, dtype) -> bool:
+        """Return whether this transport reduces `dtype` with `op` (None: moves data only)."""
+        return op is None or (op in NATIVE_OPS and dtype in self.reducible)
+
+    def allreduce_algorithm(self, requested, buf, xp, comm) -> str:
+        return self.name
+
+    def allreduce(self, comm, buf, op, xp, algorithm: str) -> None:
+        if buf.size and comm.size > 1:
+            self.reduce_all(self.group(comm), buf, op)
+
+    def reducescatter(self, comm, buf, bounds, op, xp, requested):
+        lo, hi = bounds[comm.rank]
+        if comm.size == 1 or not buf.size:
+            return buf[lo:hi]
+        group = self.group(comm)
+        if len({stop - start for start, stop in bounds}) == 1:
+            out = xp.empty(hi - lo, dtype=buf.dtype)
+            self.reduce_scatter(group, buf, out, op)
+            return out
+        self.reduce_all(group, buf, op)
+        return buf[lo:hi]
+
+    def broadcast(self, comm, buf, root: int) -> None:
+        if buf.size and comm.size > 1:
+            self.broadcast_bytes(self.group(comm), _bytes(buf), root)
+
+    def allgatherv(self, comm, own, out, counts: list) -> None:
+        starts = _displacements(counts)
+        mine = slice(starts[comm.rank], starts[comm.rank] + counts[comm.rank])
+        if own is not None:
+            out[mine] = own
+        if comm.size == 1 or not out.size:
+            return
+        group, width = self.group(comm), out.dtype.itemsize
+        longest = max(counts)
+        if longest == min(counts):
+            self.gather_all(group, _bytes(out[mine].copy()), _bytes(out))
+            return
+        empty = _empty_like(out)
+        send, gathered = empty(longest * width), empty(longest * width * comm.size)
+        send[: counts[comm.rank] * width] = _bytes(out[mine])
+        self.gather_all(group, send, gathered)
+        flat = _bytes(out)
+        for rank, (start, count) in enumerate(zip(starts, counts)):
+            first = rank * longest * width
+            flat[start * width : (start + count) * width] = gathered[first : first + count * width]
+
+    def alltoallv(self, comm, buf, send_counts: list, out, recv_counts: list) -> None:
+        if comm.size == 1:
+            out[...] = buf
+            return
+        width = buf.dtype.itemsize
+        self.alltoallv_bytes(
+            self.group(comm),
+            _bytes(buf),
+            [c * width for c in send_counts],
+            _bytes(out),
+            [c * width for c in recv_counts],
+        )
+
+    def barrier(self, comm) -> None:
+        if comm.size > 1:
+            self.barrier_group(self.group(comm))
+
+
+def _bytes(buf):
+    """View the flat contiguous `buf` (numpy or CuPy) as bytes."""
+    return buf.view(np.uint8)
+
+
+def _empty_like(buf):
+    """Return `empty(n)` making byte arrays of `buf`'s kind (numpy or CuPy)."""
+    if isinstance(buf, np.ndarray):
+        return lambda n: np.empty(n, dtype=np.uint8)
+    import cupy
+
+    return lambda n: cupy.empty(n, dtype=np.uint8)
+
+
+def _displacements(counts: list) -> list:
+    out, total = [], 0
+    for count in counts:
+        out.append(total)
+        total += count
+    return out
+
+
+@functools.cache
+def _mpi(segment_bytes: int, hierarchical_allgather) -> MPITransport:
+    return MPITransport(segment_bytes, hierarchical_allgather)
+
+
+def register(name: str, factory) -> None:
+    """Make transport `name` available: `factory(settings)` returns it, or None if unusable."""
+    if name not in NAMES or name in ("auto", "mpi"):
+        raise ValueError(f"transport name must be one of {', '.join(NAMES[2:])}, got {name!r}")
+    _FACTORIES[name] = factory
+
+
+def available(name: str, settings) -> bool:
+    """Return whether transport `name` can run in this process."""
+    if name in ("auto", "mpi"):
+        return True
+    factory = _FACTORIES.get(name)
+    return factory is not None and factory(settings) is not None
+
+
+def select(settings, xp, op=None, dtype=None):
+    """Return the transport for buffers of module `xp` (and `op`, `dtype` for reductions).
+
+    The transport that HOROVODLITE_TRANSPORT names moves the buffers it can carry (gloo: host
+    buffers; nccl, cupy-nccl: GPU buffers) with the ops and dtypes it supports; everything else
+    takes the automatic choice. Nothing here communicates, so every rank chooses alike from the
+    agreed fields.
+
+    Raises:
+        ValueError: the named transport is not available in this process (its library is missing,
+            or, for gloo and nccl, horovodlite.torch was not imported).
+    """
+    mpi = _mpi(settings.ring_segment_bytes, settings.hierarchical_allgather)
+    on_device = xp is not np
+    named = settings.transport
+    if named not in ("auto", "mpi"):
+        chosen = _usable(named, settings)
+        if chosen is None:
+            raise ValueError(_missing(named))
+        if chosen.device == on_device and chosen.supports(op, dtype):
+            return chosen
+    if on_device and named != "mpi":
+        for name in _GPU_PREFERENCE:
+            chosen = _usable(name, settings)
+            if chosen is not None and chosen.supports(op, dtype):
+                return chosen
+    return mpi
+
+
+def _usable(name: str, settings):
+    factory = _FACTORIES.get(name)
+    return factory(settings) if factory is not None else None
+
+
+def _missing(name: str) -> str:
+    needs = {
+        "gloo": "torch with gloo, and `import horovodlite.torch` before the first collective",
+        "nccl": "torch built with CUDA and NCCL, a GPU, and `import horovodlite.torch`",
+        "cupy-nccl": "CuPy with NCCL and a GPU (pip install 'horovodlite[cuda]')",
+    }[name]
+    return f"HOROVODLITE_TRANSPORT={name} is not available here: it needs {needs}"
+
+
+def describe_choice(settings) -> dict:
+    """Return which transport moves host and GPU buffers, and which are available here."""
+    return {
+        "setting": settings.transport,
+        "host": _choice(settings, np),
+        "gpu": _choice(settings, _ON_DEVICE),
+        "available": [name for name in NAMES[1:] if available(name, settings)],
+    }
+
+
+_ON_DEVICE = object()  # stands for a GPU array module in select(): anything but numpy
+
+
+def _choice(settings, xp) -> str:
+    try:
+        chosen = select(settings, xp)
+    except ValueError as exc:
+        return f"none ({exc})"
+    if chosen.name == "mpi" and xp is not np:
+        return "mpi (CUDA-aware)" if chosen.device else "mpi, staged through host memory"
+    return chosen.name
+
+
+class CupyNcclTransport(GroupTransport):
+    """GPU buffers over NCCL through CuPy's binding (cupy.cuda.nccl), on CuPy's current stream.
+
+    NCCL has no timeout: a rank that leaves during a collective leaves the others waiting, as
+    with torch's NCCL without its watchdog. A rank that leaves before the collective is caught by
+    the agreement over MPI, as on every transport.
+    """
+
+    name = "cupy-nccl"
+    device = True
+
+    def __init__(self, cupy):
+        super().__init__()
+        self.cupy, self.nccl = cupy, cupy.cuda.nccl
+        nccl = self.nccl
+        types = {
+            np.int8: "NCCL_INT8",
+            np.uint8: "NCCL_UINT8",
+            np.int32: "NCCL_INT32",
+            np.uint32: "NCCL_UINT32",
+            np.int64: "NCCL_INT64",
+            np.uint64: "NCCL_UINT64",
+            np.float16: "NCCL_FLOAT16",
+            np.float32: "NCCL_FLOAT32",
+            np.float64: "NCCL_FLOAT64",
+        }
+        self.types = {np.dtype(t): getattr(nccl, n) for t, n in types.items() if hasattr(nccl, n)}
+        self.reducible = frozenset(self.types)
+        self.ops = {
+            ReduceOp.AVERAGE: nccl.NCCL_SUM,  # divided afterwards, as for every algorithm
+            ReduceOp.SUM: nccl.NCCL_SUM,
+            ReduceOp.MIN: nccl.NCCL_MIN,
+            ReduceOp.MAX: nccl.NCCL_MAX,
+            ReduceOp.PRODUCT: nccl.NCCL_PROD,
+        }
+
+    def make_group(self, comm):
+        unique_id = comm.bcast(self.nccl.get_unique_id() if comm.rank == 0 else None, root=0)
+        return self.nccl.NcclCommunicator(comm.size, unique_id, comm.rank)
+
+    def _stream(self) -> int:
+        return self.cupy.cuda.get_current_stream().ptr
+
+    def reduce_all(self, group, buf, op) -> None:
+        kind, stream = self.types[buf.dtype], self._stream()
+        group.allReduce(buf.data.ptr, buf.data.ptr, buf.size, kind, self.ops[op], stream)
+
+    def reduce_scatter(self, group, buf, out, op) -> None:
+        kind = self.types[buf.dtype]
+        group.reduceScatter(
+            buf.data.ptr, out.data.ptr, out.size, kind, self.ops[op], self._stream()
+        )
+
+    def gather_all(self, group, send, out) -> None:
+        group.allGather(
+            send.data.ptr, out.data.ptr, send.size, self.nccl.NCCL_UINT8, self._stream()
+        )
+
+    def broadcast_bytes(self, group, buf, root: int) -> None:
+        group.bcast(buf.data.ptr, buf.size, self.nccl.NCCL_UINT8, root, self._stream())
+
+    def alltoallv_bytes(self, group, buf, send_counts, out, recv_counts) -> None:
+        # NCCL has no all-to-all: one send and one receive per peer, grouped into one launch.
+        stream, kind = self._stream(), self.nccl.NCCL_UINT8
+        sends, receives = _displacements(send_counts), _displacements(recv_counts)
+        self.nccl.groupStart()
+        for peer in range(len(send_counts)):
+            if send_counts[peer]:
+                group.send(buf.data.ptr + sends[peer], send_counts[peer], kind, peer, stream)
+            if recv_counts[peer]:
+                group.recv(out.data.ptr + receives[peer], recv_counts[peer], kind, peer, stream)
+        self.nccl.groupEnd()
+
+    def barrier_group(self, group) -> None:
+        one = self.cupy.zeros(1, dtype=np.float32)
+        self.reduce_all(group, one, ReduceOp.SUM)
+        self.cupy.cuda.get_current_stream().synchronize()
+
+
+@functools.cache
+def _cupy_nccl(_settings=None):
+    try:
+        import cupy
+        from cupy.cuda import nccl
+
+        usable = nccl.available and cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # CuPy missing, or no driver or device
+        return None
+    return CupyNcclTransport(cupy) if usable else None
+
+
+_FACTORIES["cupy-nccl"] = lambda settings: _cupy_nccl()
