@@ -1,0 +1,176 @@
+"""The transport seam (horovodlite/transport.py) on host buffers: torch.distributed's Gloo.
+
+Every collective of the core runs with HOROVODLITE_TRANSPORT=gloo's choice and must equal
+mpi4py's own result: every dtype moved, the dtypes Gloo reduces, sizes that do not divide by the
+rank count, empty buffers, process sets, the engine's fused buffers. A mismatch is still found over
+MPI before any data moves. Skipped where torch (and so Gloo) is missing.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from oracle import OPS, WORLD, assert_reduced, everyone, rank_values, reduce_expected
+
+import horovodlite as hvd
+from horovodlite import transport
+from horovodlite.state import current
+
+torch = pytest.importorskip("torch")
+import horovodlite.torch  # noqa: E402, F401  (registers gloo)
+
+GLOO_REDUCES = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64"]
+
+
+@pytest.fixture(autouse=True)
+def over_gloo():
+    """Run each test with the gloo transport (the settings are read per collective)."""
+    state = current()
+    saved = state.settings
+    state.settings = dataclasses.replace(saved, transport="gloo")
+    yield
+    state.settings = saved
+
+
+def moved_by_gloo(comm) -> bool:
+    """Return whether the gloo transport has built its group on `comm` (it moved data there).
+
+    On one rank nothing moves, and no group is built.
+    """
+    gloo = transport.select(current().settings, np)
+    return gloo.name == "gloo" and (comm.size == 1 or comm.Get_attr(gloo._keyval) is not None)
+
+
+def test_choice_follows_the_setting():
+    settings = current().settings
+    assert transport.select(settings, np).name == "gloo"
+    assert transport.select(settings, np, hvd.Sum, np.dtype(np.float32)).name == "gloo"
+    # What Gloo cannot reduce stays on MPI: Adasum, bool, 16-bit and wide unsigned integers.
+    assert transport.select(settings, np, hvd.Adasum, np.dtype(np.float32)).name == "mpi"
+    for dtype in (np.bool_, np.int16, np.uint16, np.uint32, np.uint64):
+        assert transport.select(settings, np, hvd.Sum, np.dtype(dtype)).name == "mpi"
+    mpi = dataclasses.replace(settings, transport="mpi")
+    assert transport.select(mpi, np).name == "mpi"
+    assert transport.describe_choice(settings)["host"] == "gloo"
+
+
+@pytest.mark.parametrize("dtype", GLOO_REDUCES)
+def test_allreduce_every_op(dtype):
+    n = hvd.size()
+    x = rank_values((n + 2, 3), dtype, hvd.rank(), seed=60)
+    inputs = everyone(x)
+    for op in OPS:
+        out = hvd.allreduce(x, op=op, name=f"gloo.{dtype}.{op.name}")
+        assert_reduced(out, reduce_expected(inputs, op), op)
+        target = x.copy()
+        assert hvd.allreduce_(target, op=op, name=f"gloo_.{dtype}.{op.name}") is target
+        assert_reduced(target, reduce_expected(inputs, op), op)
+    out = hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5)
+    assert_reduced(out, reduce_expected(inputs, hvd.Sum, 2.0, 0.5))
+    assert moved_by_gloo(current().comm)
+
+
+def test_fallbacks_to_mpi_still_reduce():
+    x = rank_values((5,), np.bool_, hvd.rank(), seed=61)
+    np.testing.assert_array_equal(
+        hvd.allreduce(x, op=hvd.Sum), reduce_expected(everyone(x), hvd.Sum)
+    )
+    y = rank_values((5,), np.uint16, hvd.rank(), seed=62)
+    assert_reduced(hvd.allreduce(y, op=hvd.Max), reduce_expected(everyone(y), hvd.Max))
+
+
+def test_empty_and_scalar_buffers():
+    n = hvd.size()
+    assert hvd.allreduce(np.zeros(0, np.float32), op=hvd.Sum).shape == (0,)
+    out = hvd.allreduce(np.array(float(hvd.rank()), np.float64), op=hvd.Sum)
+    assert out.shape == () and float(out) == n * (n - 1) / 2
+
+
+def test_data_movement_of_every_dtype():
+    n, r = hvd.size(), hvd.rank()
+    for dtype in sorted(hvd.buffers.SUPPORTED_DTYPES, key=str):
+        x = rank_values((2 * n, 3), dtype, r, seed=63)
+        for root in range(n):
+            np.testing.assert_array_equal(hvd.broadcast(x, root_rank=root), WORLD.bcast(x, root))
+        rows = x[: r + 1]  # uneven: rank r sends r + 1 rows
+        np.testing.assert_array_equal(hvd.allgather(rows), np.concatenate(everyone(rows)))
+        even = x[:2]
+        np.testing.assert_array_equal(hvd.allgather(even), np.concatenate(everyone(even)))
+        expected = np.concatenate(WORLD.alltoall([x[2 * k : 2 * k + 2] for k in range(n)]))
+        np.testing.assert_array_equal(hvd.alltoall(x), expected)
+    splits = [(r + k) % 3 for k in range(n)]
+    y = rank_values((sum(splits), 2), np.int32, r, seed=64)
+    out, received = hvd.alltoall(y, splits=splits)
+    bounds = np.concatenate(([0], np.cumsum(splits)))
+    expected = np.concatenate(WORLD.alltoall([y[bounds[k] : bounds[k + 1]] for k in range(n)]))
+    np.testing.assert_array_equal(out, expected)
+    assert received.tolist() == [(k + r) % 3 for k in range(n)]
+    target = np.full(4, r, np.int64)
+    hvd.broadcast_(target, root_rank=n - 1)
+    np.testing.assert_array_equal(target, np.full(4, n - 1))
+    hvd.barrier()
+
+
+def test_allgather_into_in_place():
+    n, r = hvd.size(), hvd.rank()
+    counts = [k % 2 + 1 for k in range(n)]
+    out = np.zeros((sum(counts), 2), np.float32)
+    start = sum(counts[:r])
+    out[start : start + counts[r]] = r + 1
+    hvd.allgather_into(out, counts[r])
+    np.testing.assert_array_equal(out[:, 0], np.repeat(np.arange(1, n + 1), counts))
+
+
+@pytest.mark.parametrize("rows_per_rank", [2, 1.5])
+def test_reducescatter_even_and_uneven(rows_per_rank):
+    n, r = hvd.size(), hvd.rank()
+    rows = int(rows_per_rank * n) + (1 if rows_per_rank != int(rows_per_rank) else 0)
+    x = rank_values((rows, 2), np.float32, r, seed=65)
+    base, extra = divmod(rows, n)
+    lo = r * base + min(r, extra)
+    hi = lo + base + (1 if r < extra else 0)
+    for op in (hvd.Sum, hvd.Average, hvd.Max):
+        out = hvd.reducescatter(x, op=op)
+        assert_reduced(out, reduce_expected(everyone(x), op)[lo:hi], op)
+
+
+def test_process_set_gets_its_own_group():
+    n, r = hvd.size(), hvd.rank()
+    if n < 3:
+        pytest.skip("a proper subset needs 3 ranks")
+    members = list(range(1, n))
+    subset = hvd.add_process_set(members)
+    try:
+        if r in members:
+            x = np.full(3, float(r), np.float32)
+            out = hvd.allreduce(x, op=hvd.Sum, process_set=subset)
+            np.testing.assert_array_equal(out, np.full(3, float(sum(members))))
+            rows = np.full((r, 2), r, np.int16)
+            gathered = hvd.allgather(rows, process_set=subset)
+            assert gathered.shape == (sum(members), 2)
+            comm, _ = hvd.process_sets.communicator(subset)
+            assert moved_by_gloo(comm)
+    finally:
+        hvd.remove_process_set(subset)
+
+
+def test_engine_fuses_over_gloo():
+    n = hvd.size()
+    handles = [
+        hvd.allreduce_async(np.full(k + 1, float(hvd.rank()), np.float32), op=hvd.Sum, name=f"f{k}")
+        for k in range(5)
+    ]
+    for k, handle in enumerate(handles):
+        np.testing.assert_array_equal(hvd.synchronize(handle), np.full(k + 1, n * (n - 1) / 2))
+    handle = hvd.broadcast_async(np.arange(4) + hvd.rank(), root_rank=0, name="eb")
+    np.testing.assert_array_equal(hvd.synchronize(handle), np.arange(4))
+
+
+def test_mismatch_is_found_over_mpi_before_data_moves():
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        pytest.skip("a mismatch needs two ranks")
+    x = np.ones(3 if r else 4, np.float32)
+    with pytest.raises(hvd.MismatchError, match="shape"):
+        hvd.allreduce(x, name="gloo.mismatch")
+    np.testing.assert_array_equal(hvd.allreduce(np.ones(2, np.float32), op=hvd.Sum), [n, n])
