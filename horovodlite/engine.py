@@ -39,6 +39,7 @@ _log = logging.getLogger("horovodlite")
 
 _CACHE_LIMIT = 4096  # entries; past it the cache is cleared (on every rank at once)
 _MEETING_CHECK = 1.0  # seconds pending before a request is checked against synchronous waiters
+_RECHECK = 0.25  # seconds between full exchanges that tell who a waited-for request misses
 _MAX_GATHER = 0.05  # seconds a rank without a spare core may hold requests nobody waits for
 _NEGOTIATION = -1  # the negotiation's identity for the Watch; digests are never negative
 
@@ -85,6 +86,7 @@ class Engine:
         self._last_stall_report = 0.0
         self._first_seen: dict = {}  # key -> when a full exchange first showed it incomplete
         self._missing: dict = {}  # key -> ranks the last full exchange found missing
+        self._last_recheck = 0.0
         self.cycles = 0
         if settings.timeline and self.comm.rank == 0:
             self.timeline = Timeline(settings.timeline, settings.timeline_mark_cycles)
@@ -233,6 +235,9 @@ class Engine:
         check_after = min(self.stall_check, self.timeout / 2)
         if now - oldest > check_after and now - self._last_stall_report > check_after:
             all_cached = False  # a full exchange tells who is missing
+        waited = [r.waited for r in self._pending.values() if r.waited is not None]
+        if waited and now - min(waited) > _MEETING_CHECK and now - self._last_recheck > _RECHECK:
+            all_cached, self._last_recheck = False, now  # who misses it? (_fail_crossed_waits)
         timed_out = now - oldest > self.timeout
         stalled = self.stall_shutdown > 0 and now - oldest > self.stall_shutdown
         # Per rank: 0 where it has joined, 2 where it is shutting down, else 1.
@@ -269,6 +274,7 @@ class Engine:
             errors = {}
         else:
             ready, errors = self._exchange(joined_ranks, now)
+            self._fail_crossed_waits(now)
         self._run_ready(ready, errors, joined_ranks)
         self._update_join(joined_ranks)
         return not flags[_IDLE]
@@ -276,21 +282,22 @@ class Engine:
     def _fail_sync_meetings(self, now: float) -> None:
         """Fail requests that other ranks wait for in a synchronous call: they never meet."""
         for key, request in list(self._pending.items()):
-            if now - request.submitted < _MEETING_CHECK or request.fingerprint == FAILED:
-                continue
-            waiters = self.state.watch.waiting_in(request.fingerprint)
-            if waiters:
-                del self._pending[key]
-                self.state.watch.report_mismatch(request.fingerprint, waiters)
-                who = ", ".join(map(str, sorted(waiters)))
-                self._finish(
-                    request,
-                    error=MismatchError(
-                        f"{describe(request.plan.fields)}: rank {self.comm.rank} submitted it "
-                        f"asynchronously while rank{'s' if len(waiters) > 1 else ''} {who} "
-                        "called it synchronously: every rank must call a collective the same way"
-                    ),
-                )
+            if now - request.submitted > _MEETING_CHECK and request.fingerprint != FAILED:
+                what = describe(request.plan.fields)
+                error = self.state.watch.held_async(request.fingerprint, what)
+                if error is not None:
+                    del self._pending[key]
+                    self._finish(request, error=error)
+
+    def _fail_crossed_waits(self, now: float) -> None:
+        """Fail a request waited for here that ranks blocked in a synchronous collective miss."""
+        for key, request in list(self._pending.items()):
+            missing = self._missing.get(key)
+            if missing and request.waited is not None and now - request.waited > _MEETING_CHECK:
+                error = self.state.watch.crossed(describe(request.plan.fields), missing)
+                if error is not None:
+                    del self._pending[key]
+                    self._finish(request, error=error)
 
     def _abort_message(self, timed_out: bool) -> str:
         """Explain why the engines stop: a request pending too long, somewhere."""

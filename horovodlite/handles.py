@@ -20,6 +20,7 @@ class Request:
         self.plan, self.key, self.fingerprint = plan, key, fingerprint
         self.submitted = time.monotonic()
         self.agreed = None
+        self.waited = None  # when a thread of this rank began to wait for it in synchronize()
         self.result = self.error = None
         self.event = threading.Event()
 
@@ -44,6 +45,9 @@ class Handle:
     def wait(self):
         """Block until done; return the result or raise the collective's error."""
         if not self.done():
+            now = time.monotonic()
+            for request in self._requests:
+                request.waited = request.waited or now
             with self._wakeup.waiting():
                 for request in self._requests:
                     request.event.wait()

@@ -15,7 +15,10 @@ While it waits it reads the notices that ranks post on a private control communi
   the ones that did not arrive: stall warnings and the timeout name them. An engine that holds
   an asynchronous request with the same digest learns that ranks wait for it synchronously,
   which can never match: it fails its request and answers MISMATCH, and the waiting ranks raise
-  MismatchError (engine.py).
+  MismatchError (engine.py). A WAITING notice also carries the collective's name, so an engine
+  whose rank waits in hvd.synchronize() for a request that a rank blocked in a synchronous
+  collective never submitted can tell both sides what they wait in (CROSSED): neither can go
+  on, and every rank raises MismatchError naming both collectives.
 
 After `Settings.collective_timeout` seconds a wait raises HorovodLiteError naming the collective
 and the missing ranks, and the job is torn down (MPI_Abort) a few seconds later, so no rank
@@ -47,7 +50,11 @@ __all__ = [
 _log = logging.getLogger("horovodlite")
 
 _TAG = 77
-_LEFT, _WAITING, _DONE, _MISMATCH = 1, 2, 3, 4
+_LEFT, _WAITING, _DONE, _MISMATCH, _CROSSED = 1, 2, 3, 4, 5
+# A notice: kind, sender, detail, generation, then UTF-8 text (a collective's name, a message).
+_HEADER, _WORDS = 4, 128
+_TEXT_BYTES = (_WORDS - _HEADER) * 8
+_AGREED_SPAN = 2**62  # digests of collectives' fields lie in [0, 2**62): see agreement.digest
 LEFT_SHUTDOWN, LEFT_EXIT = 1, 2  # why a rank left
 _REASONS = {LEFT_SHUTDOWN: "called hvd.shutdown()", LEFT_EXIT: "exited"}
 
@@ -90,12 +97,15 @@ class Watch:
         # shutdown() could reach the next init()'s Watch: notices carry the init's number.
         self.generation = generation
         self._lock = threading.Lock()
-        self._incoming = np.zeros(4, dtype=np.int64)  # kind, sender, detail, generation
+        self._incoming = np.zeros(_WORDS, dtype=np.int64)
         self._receive = comm.Irecv(self._incoming, MPI.ANY_SOURCE, _TAG)
         self._sends: list = []
         self.left: dict = {}  # rank -> reason code
         self._waiting: dict = {}  # digest -> ranks that report waiting in it now
         self._mismatched: dict = {}  # digest -> ranks that hold it as an async request
+        self._names: dict = {}  # digest -> the name of the collective waited in there
+        self._crossed: dict = {}  # digest -> why the wait there can never end (CROSSED)
+        self._own: dict = {}  # digest -> this rank's threads in a long wait there now
         self._closed = False
         self._waiting_marker = waiting_marker
 
@@ -105,36 +115,82 @@ class Watch:
         """Read every notice that has arrived."""
         with self._lock:
             while not self._closed and self._receive.Test():
-                kind, sender, detail, generation = (int(v) for v in self._incoming)
+                kind, sender, detail, generation = (int(v) for v in self._incoming[:_HEADER])
+                text = self._incoming[_HEADER:].tobytes().rstrip(b"\0").decode(errors="replace")
                 if generation != self.generation:
                     pass  # from an earlier init() of this job
                 elif kind == _LEFT:
                     self.left[sender] = detail
                 elif kind == _WAITING:
                     self._waiting.setdefault(detail, set()).add(sender)
+                    self._names[detail] = text
                 elif kind == _DONE:
                     self._waiting.get(detail, set()).discard(sender)
                 elif kind == _MISMATCH:
                     self._mismatched.setdefault(detail, set()).add(sender)
+                elif kind == _CROSSED:
+                    self._crossed[detail] = text
                 self._receive = self.comm.Irecv(self._incoming, MPI.ANY_SOURCE, _TAG)
 
-    def _notify(self, kind: int, detail: int, ranks: Sequence[int]) -> None:
+    def _notify(self, kind: int, detail: int, ranks: Sequence[int], text: str = "") -> None:
         me = self.comm.rank
-        message = np.array([kind, me, detail, self.generation], dtype=np.int64)
+        message = np.zeros(_WORDS, dtype=np.int64)
+        message[:_HEADER] = kind, me, detail, self.generation
+        raw = text.encode()[:_TEXT_BYTES]
+        message[_HEADER:].view(np.uint8)[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
         with self._lock:
             self._sends = [r for r in self._sends if not r.Test()]
             # One small eager message per rank: it completes without its receiver's help.
             self._sends += [self.comm.Isend(message.copy(), r, _TAG) for r in ranks if r != me]
 
-    def waiting_in(self, identity: int) -> set:
-        """Return the ranks that wait now in the synchronous collective `identity`."""
+    def held_async(self, identity: int, what: str) -> Optional[MismatchError]:
+        """Return the error for this rank's asynchronous `what` (digest `identity`) where other
+        ranks wait in it synchronously, or None; tell them (MISMATCH): the two never meet."""
         self.poll()
         with self._lock:
-            return set(self._waiting.get(identity, ()))
+            waiters = sorted(self._waiting.get(identity, ()))
+        if not waiters:
+            return None
+        self._notify(_MISMATCH, identity, waiters)
+        me = self.comm.rank
+        return MismatchError(
+            f"{what}: rank {me} submitted it asynchronously while {_ranks(waiters)} called it "
+            "synchronously: every rank must call a collective the same way"
+        )
 
-    def report_mismatch(self, identity: int, ranks) -> None:
-        """Tell `ranks`, waiting synchronously in `identity`, that this rank holds it async."""
-        self._notify(_MISMATCH, identity, ranks)
+    def crossed(self, what: str, missing: Sequence[int]) -> Optional[MismatchError]:
+        """Return the error for a wait in hvd.synchronize() on `what` that can never end, or None.
+
+        It never ends when ranks that did not submit `what` (`missing`) are blocked in a
+        synchronous collective (their WAITING notices tell) that this rank, a member, is not in:
+        they cannot submit it before that collective ends, and it cannot end without this rank.
+        Tells them (CROSSED) and tears the job down, as their collective stays posted.
+        """
+        self.poll()
+        with self._lock:
+            blocked = [
+                (identity, self._names.get(identity, "collective"), sorted(waiters & set(missing)))
+                for identity, waiters in self._waiting.items()
+                if 0 <= identity < _AGREED_SPAN and not self._own.get(identity)
+            ]
+        blocked = [entry for entry in blocked if entry[2]]
+        if not blocked:
+            return None
+        me, stuck = self.comm.rank, sorted({r for _, _, ranks in blocked for r in ranks})
+        where = "; ".join(
+            f"{_ranks(ranks)} wait{'s' if len(ranks) == 1 else ''} in the synchronous {name}"
+            for _, name, ranks in blocked
+        )
+        message = (
+            f"rank {me} waits in hvd.synchronize() for the asynchronous {what}, which "
+            f"{_ranks(stuck)} did not submit, while {where}, which rank {me} did not call: "
+            "neither side can go on. Every rank must call the same collectives in the same order, "
+            "each the same way (synchronous, or *_async then synchronize); the job is torn down"
+        )
+        for identity, _, ranks in blocked:
+            self._notify(_CROSSED, identity, ranks, message)
+        teardown_later(message)
+        return MismatchError(message)
 
     def announce_departure(self, reason: int) -> None:
         """Tell every rank that this one is leaving (shutdown or exit)."""
@@ -184,6 +240,8 @@ class Watch:
         # Long waits only from here on: the cost of the lines below no longer matters.
         delay, noticed, warned, marked, departure_seen = _FIRST_SLEEP, False, False, False, None
         what, identity = about()
+        with self._lock:
+            self._own[identity] = self._own.get(identity, 0) + 1
         try:
             while (done := test()) is None:
                 time.sleep(delay)
@@ -200,7 +258,7 @@ class Watch:
                     marked = _mark(self._waiting_marker, True)
                 if not noticed and waited > min(_NOTICE_AFTER, self.timeout / 4):
                     noticed = True
-                    self._notify(_WAITING, identity, members)
+                    self._notify(_WAITING, identity, members, what)
                 if not warned and waited > self.stall_check:
                     warned = True
                     _log.warning(
@@ -220,6 +278,8 @@ class Watch:
             if noticed:  # the others learnt that this rank waits here: it no longer does
                 self._notify(_DONE, identity, members)
         finally:  # also when the wait fails: this rank no longer waits
+            with self._lock:
+                self._own[identity] -= 1
             if marked:
                 _mark(self._waiting_marker, False)
         return done
@@ -227,6 +287,10 @@ class Watch:
     def _check_mismatch(self, what: str, identity: int) -> None:
         with self._lock:
             holders = self._mismatched.pop(identity, None)
+            crossed = self._crossed.pop(identity, None)
+        if crossed:
+            teardown_later(crossed)  # this rank's collective is still posted: the job cannot go on
+            raise MismatchError(crossed)
         if holders:
             message = (
                 f"{what}: {_ranks(sorted(holders))} submitted it asynchronously (an *_async call) "

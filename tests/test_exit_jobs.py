@@ -6,13 +6,16 @@ from the time the surviving ranks report.
 """
 
 import os
+import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from mpirun import run_ranks
 from test_engine_jobs import ENGINE_VARIABLES, JOBS, job
 
 pytestmark = pytest.mark.mpi
@@ -64,11 +67,30 @@ def test_the_collective_timeout_names_the_missing_rank_and_tears_down(where):
 
 @pytest.mark.parametrize("np", [2, 3])
 def test_a_sync_and_an_async_call_under_one_name_raise_everywhere(np):
-    result = job(np, "sync_meets_async.py")
+    result = job(np, "sync_meets_async.py", "same")
     out = result.stdout
     assert result.returncode != 0, out
     _check_survivors(out, [0], "submitted it asynchronously .* called it synchronously")
     _check_survivors(out, range(1, np), "asynchronously while rank 0 called it synchronously")
+
+
+@pytest.mark.parametrize("np", [2, 3, 4])
+@pytest.mark.parametrize("call", ["allreduce", "barrier", "remove_process_set"])
+def test_a_sync_call_against_an_async_wait_under_another_name_raises_everywhere(call, np):
+    # Rank 0 waits in a synchronous collective, the others in hvd.synchronize() on an async
+    # all-reduce rank 0 never submits: found from where the ranks wait, not from the timeout.
+    result = job(np, "sync_meets_async.py", call, env={"HOROVODLITE_COLLECTIVE_TIMEOUT": "600"})
+    out = result.stdout
+    assert result.returncode != 0, out
+    sync = {"allreduce": "allreduce 'sync.x'", "barrier": "barrier", "remove_process_set":
+            "remove_process_set 1"}[call]  # fmt: skip
+    both = (
+        rf"rank \d waits in hvd.synchronize\(\) for the asynchronous allreduce 'g', which rank 0 "
+        rf"did not submit, while rank 0 waits in the synchronous {sync}.*neither side can go on"
+    )
+    _check_survivors(out, range(np), both)
+    for rank in range(1, np):
+        assert re.search(rf"rank {rank} raised after [0-9.]+ s: rank {rank} waits", out), out
 
 
 @pytest.mark.parametrize("how", ["os_exit", "sigkill"])
@@ -97,3 +119,21 @@ def test_horovodlite_run_says_nothing_when_every_rank_leaves():
         capture_output=True, text=True, timeout=90,
     )  # fmt: skip
     assert result.returncode == 0 and "ended without" not in result.stderr, result.stderr
+
+
+def test_a_test_that_fails_on_one_rank_ends_its_module_at_once(tmp_path):
+    # tests/ranks/conftest.py prints the failure and aborts the job: the other ranks, waiting
+    # in a collective the failed rank left, do not sit there until the launcher's timeout.
+    shutil.copy(pathlib.Path(__file__).parent / "ranks" / "conftest.py", tmp_path)
+    (tmp_path / "rank_fails.py").write_text(
+        "import numpy as np\nimport horovodlite as hvd\n\n"
+        "def test_fails_on_the_last_rank():\n"
+        "    assert hvd.rank() != hvd.size() - 1, 'deliberate'\n"
+        "    hvd.allreduce(np.ones(2), name='never')\n"
+    )
+    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+            "--rootdir", str(tmp_path), str(tmp_path / "rank_fails.py")]  # fmt: skip
+    result = run_ranks(3, args, timeout=120)
+    assert "killed after" not in result.stdout and result.returncode != 0, result.stdout
+    assert "[rank 2 of 3] FAILED rank_fails.py::test_fails_on_the_last_rank" in result.stdout
+    assert "AssertionError: deliberate" in result.stdout, result.stdout

@@ -531,11 +531,16 @@ def test_sync_calls_interleave_with_async_ones(overlap):
 
 
 def test_the_idle_engine_runs_no_cycle():
-    # A fresh engine starts asleep: no cycle at all while nobody submits.
+    # A fresh engine starts asleep: no cycle at all while nobody submits. Every rank checks
+    # before any rank submits (the barrier is synchronous: it does not wake the engines): a
+    # rank that submitted while another still slept its second woke that rank's engine, so
+    # the check raced the other ranks' next step under load.
     hvd.shutdown()
     hvd.init()
     time.sleep(1.0)
-    assert engine().cycles == 0
+    cycles = engine().cycles
+    hvd.barrier()
+    assert cycles == 0
     # After work, the cycle that finds every rank idle puts every engine to sleep. When that
     # cycle comes depends on the load; that it comes, and no cycle after it, is the point.
     hvd.synchronize(hvd.allreduce_async(np.ones(2), name="idle.work"))
