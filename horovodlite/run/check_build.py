@@ -41,8 +41,29 @@ def _launcher() -> str:
         return f"none usable: {exc}"
 
 
+def _transports() -> list:
+    """Return the report's lines on transports: what moves host and GPU buffers, what exists."""
+    from ..config import Settings
+    from ..transport import describe_choice
+
+    try:
+        importlib.import_module("horovodlite.torch")  # registers torch.distributed's gloo, nccl
+    except Exception:  # no torch, or a broken one: the frameworks list says why
+        pass
+    try:
+        choice = describe_choice(Settings.from_environment())
+    except ValueError as exc:
+        return [f"Transports:      none: {exc}"]
+    return [
+        f"Transports (HOROVODLITE_TRANSPORT={choice['setting']}):",
+        f"    host buffers:  {choice['host']}",
+        f"    GPU buffers:   {choice['gpu']}",
+        f"    available:     {', '.join(choice['available'])}",
+    ]
+
+
 def build_report() -> str:
-    """Return the --check-build text: version, MPI library, CUDA-awareness, frameworks."""
+    """Return the --check-build text: version, MPI, CUDA-awareness, transports, frameworks."""
     from ..version import __version__
 
     library, cuda = _mpi_facts()
@@ -52,6 +73,8 @@ def build_report() -> str:
         f"MPI library:     {library}",
         f"CUDA-aware MPI:  {cuda}",
         f"Launcher:        {_launcher()}",
+        "",
+        *_transports(),
         "",
         "Available frameworks:",
     ]

@@ -1,0 +1,97 @@
+"""The transport choice (horovodlite/transport.py) and its setting, in one process."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from horovodlite import transport
+from horovodlite.config import Settings
+from horovodlite.ops import ReduceOp
+from horovodlite.run import check_build
+
+GPU = object()  # select() needs only "not numpy" for a GPU array module
+FLOAT32 = np.dtype(np.float32)
+
+
+class FakeTransport(transport.GroupTransport):
+    def __init__(self, name, device):
+        super().__init__()
+        self.name, self.device, self.reducible = name, device, frozenset({FLOAT32})
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """Give each test its own registry, with transports that say whether they are usable."""
+    factories = {}
+    monkeypatch.setattr(transport, "_FACTORIES", factories)
+    return factories
+
+
+def settings(name: str) -> Settings:
+    return dataclasses.replace(Settings(), transport=name)
+
+
+def test_setting_is_read_and_checked(monkeypatch):
+    assert Settings.from_environment().transport == "auto"
+    monkeypatch.setenv("HOROVODLITE_TRANSPORT", " Gloo ")
+    assert Settings.from_environment().transport == "gloo"
+    monkeypatch.setenv("HOROVODLITE_TRANSPORT", "ucx")
+    with pytest.raises(ValueError, match="HOROVODLITE_TRANSPORT='ucx'.*auto, mpi, gloo, nccl"):
+        Settings.from_environment()
+
+
+def test_auto_prefers_nccl_then_cupy_nccl_for_gpu_buffers(registry):
+    nccl, cupy_nccl = FakeTransport("nccl", True), FakeTransport("cupy-nccl", True)
+    registry["cupy-nccl"] = lambda s: cupy_nccl
+    assert transport.select(settings("auto"), GPU, ReduceOp.SUM, FLOAT32) is cupy_nccl
+    registry["nccl"] = lambda s: nccl
+    assert transport.select(settings("auto"), GPU, ReduceOp.SUM, FLOAT32) is nccl
+    # Host buffers stay on MPI; an op or dtype NCCL lacks goes to MPI (CUDA-aware or staged).
+    assert transport.select(settings("auto"), np).name == "mpi"
+    assert transport.select(settings("auto"), GPU, ReduceOp.ADASUM, FLOAT32).name == "mpi"
+    assert transport.select(settings("auto"), GPU, ReduceOp.SUM, np.dtype(bool)).name == "mpi"
+    assert transport.select(settings("auto"), GPU).name == "nccl"  # data movement: any dtype
+    assert transport.select(settings("mpi"), GPU, ReduceOp.SUM, FLOAT32).name == "mpi"
+    assert transport.select(settings("cupy-nccl"), GPU, ReduceOp.SUM, FLOAT32) is cupy_nccl
+
+
+def test_unusable_gpu_transports_leave_gpu_buffers_to_mpi(registry):
+    registry["nccl"] = lambda s: None  # torch without CUDA
+    chosen = transport.select(settings("auto"), GPU, ReduceOp.SUM, FLOAT32)
+    assert chosen.name == "mpi" and chosen.device == transport.cuda_aware_mpi()
+
+
+def test_gloo_moves_host_buffers_only(registry):
+    gloo = FakeTransport("gloo", False)
+    registry["gloo"] = lambda s: gloo
+    assert transport.select(settings("gloo"), np, ReduceOp.SUM, FLOAT32) is gloo
+    assert transport.select(settings("gloo"), np, ReduceOp.SUM, np.dtype(np.uint16)).name == "mpi"
+    assert transport.select(settings("gloo"), GPU).name == "mpi"
+
+
+def test_a_named_transport_that_is_missing_is_an_error(registry):
+    with pytest.raises(ValueError, match="HOROVODLITE_TRANSPORT=gloo is not available.*torch"):
+        transport.select(settings("gloo"), np)
+    registry["nccl"] = lambda s: None
+    with pytest.raises(ValueError, match="HOROVODLITE_TRANSPORT=nccl is not available"):
+        transport.select(settings("nccl"), GPU)
+    with pytest.raises(ValueError, match="transport name must be one of"):
+        transport.register("ucx", lambda s: None)
+
+
+def test_choice_is_described(registry):
+    registry["gloo"] = lambda s: FakeTransport("gloo", False)
+    described = transport.describe_choice(settings("gloo"))
+    assert described["host"] == "gloo" and described["available"] == ["mpi", "gloo"]
+    assert described["gpu"].startswith("mpi")
+    assert "none (HOROVODLITE_TRANSPORT=nccl" in transport.describe_choice(settings("nccl"))["host"]
+
+
+def test_check_build_reports_the_transports(monkeypatch):
+    monkeypatch.setenv("HOROVODLITE_TRANSPORT", "mpi")
+    lines = check_build._transports()
+    assert lines[0] == "Transports (HOROVODLITE_TRANSPORT=mpi):"
+    assert lines[1] == "    host buffers:  mpi" and lines[2].startswith("    GPU buffers:   mpi")
+    monkeypatch.setenv("HOROVODLITE_TRANSPORT", "bad")
+    assert check_build._transports()[0].startswith("Transports:      none: HOROVODLITE_TRANSPORT")
