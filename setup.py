@@ -9,7 +9,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # bindings/<framework> installs as horovodlite.<framework>; only those present are packaged.
 BINDINGS = [
     name
-    for name in ("torch", "tensorflow", "keras")
+    for name in ("torch", "tensorflow", "keras", "lightning")
     if os.path.isfile(os.path.join(HERE, "bindings", name, "__init__.py"))
 ]
 packages = find_packages(include=["horovodlite", "horovodlite.*"])
@@ -33,6 +33,7 @@ extras = {
     "cuda": ["cupy-cuda12x"],
     "torch": ["torch>=2.1"],
     "tensorflow": ["tensorflow>=2.16", "keras>=3"],
+    "lightning": ["torch>=2.1", "pytorch-lightning>=2.6"],
     "test": ["pytest>=7", "pytest-timeout", "hypothesis"],
     "docs": ["mkdocs>=1.5"],
     "bench": ["matplotlib", "tqdm"],
