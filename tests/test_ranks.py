@@ -4,8 +4,8 @@ Each module runs as a pytest session on every rank at once (collectives need all
 timeout. A failure shows the output of all ranks, each line prefixed by its rank.
 """
 
-import importlib.util
 import pathlib
+import shutil
 
 import pytest
 from mpirun import RANK_COUNTS, run_ranks
@@ -21,10 +21,11 @@ RANK_COUNTS_FOR = {
     # Lightning's import and Trainer set-up take seconds per rank too.
     "rank_lightning.py": (2, 3),
 }
-# Without CuPy every test in rank_gpu.py would skip on every rank: skip the launches instead.
-NO_CUPY = pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="needs CuPy")
+# Without an NVIDIA driver (nvidia-smi) every test in rank_gpu.py would skip on every rank: skip
+# the launches instead. With one, rank_gpu.py skips what its ranks cannot run (CuPy, torch CUDA).
+NO_GPU = pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU")
 CASES = [
-    pytest.param(module, np, marks=NO_CUPY if module == "rank_gpu.py" else ())
+    pytest.param(module, np, marks=NO_GPU if module == "rank_gpu.py" else ())
     for module in MODULES
     for np in RANK_COUNTS_FOR.get(module, RANK_COUNTS)
 ]

@@ -1,21 +1,41 @@
-"""The core collectives on CuPy arrays; skipped where CuPy or a CUDA GPU is missing.
+"""The GPU data plane: CuPy arrays and torch CUDA tensors through every transport.
 
-Every rank uses GPU `local_rank % device count`. Results must stay on the GPU and equal numpy's
-reduction of the same data, both with the MPI library's own GPU support (if any) and with
-horovodlite staging the data through host memory.
+Skipped where there is no CUDA GPU: the CuPy tests need CuPy and a device on every rank, the
+torch tests `torch.cuda.is_available()` on every rank (the ranks agree, so they all run or all
+skip the same tests). Each rank uses GPU `local_rank % device count`: run one process per GPU
+(docs/gpu.md). The NCCL transports need a GPU of their own per rank; where ranks share one they
+are skipped.
+
+Every collective runs through each transport that can move GPU buffers here:
+- "mpi": the MPI library, CUDA-aware or not as it reports itself;
+- "mpi-staged": the MPI library with the data staged through host memory;
+- "nccl": torch.distributed's NCCL (needs torch with CUDA);
+- "cupy-nccl": CuPy's NCCL binding.
+Results must stay on the GPU and equal numpy's reduction of the same data (the oracle). Then the
+torch DistributedOptimizer on a small model on the GPU must equal one process training on the
+whole batch, and a mismatch on the GPU path must raise on every rank.
 """
+
+import dataclasses
+import socket
 
 import numpy as np
 import pytest
 from oracle import ALGORITHMS, OPS, WORLD, assert_reduced, everyone, rank_values, reduce_expected
 
 import horovodlite as hvd
-from horovodlite import runtime
+from horovodlite import runtime, transport
+from horovodlite.state import current
 
 try:
     import cupy
 except ImportError:
     cupy = None
+try:
+    import horovodlite.torch as hvd_torch  # registers the gloo and nccl transports
+    import torch
+except ImportError:
+    torch = hvd_torch = None
 
 
 def _device_count() -> int:
@@ -27,25 +47,66 @@ def _device_count() -> int:
         return 0
 
 
-# Every rank must skip or run alike, or the ranks would call different collectives. The tests
-# are skipped rather than the module, so that pytest still collects them and exits with 0.
-pytestmark = pytest.mark.skipif(
-    min(WORLD.allgather(_device_count())) == 0,
+def _torch_cuda() -> bool:
+    return torch is not None and torch.cuda.is_available()
+
+
+# Every rank must skip or run alike, or the ranks would call different collectives. Tests are
+# skipped rather than the module, so that pytest still collects them and exits with 0.
+CUPY_GPU = min(WORLD.allgather(_device_count())) > 0
+TORCH_GPU = min(WORLD.allgather(_torch_cuda()))
+needs_cupy = pytest.mark.skipif(
+    not CUPY_GPU,
     reason="needs CuPy and a CUDA GPU on every rank"
     + ("" if cupy is not None else " (CuPy is not installed)"),
 )
+needs_torch_cuda = pytest.mark.skipif(
+    not TORCH_GPU, reason="needs torch with CUDA and a GPU on every rank"
+)
 
 DTYPES = [np.float32, np.float64, np.float16, np.int32, np.uint8, np.bool_]
+# transport setting, HOROVODLITE_CUDA_AWARE_MPI override (None: as the library reports)
+ROUTES = {
+    "mpi": ("mpi", None),
+    "mpi-staged": ("mpi", "0"),
+    "nccl": ("nccl", None),
+    "cupy-nccl": ("cupy-nccl", None),
+}
 
 
-@pytest.fixture(autouse=True, params=["as the MPI library can", "staged through the host"])
-def transfer(request, monkeypatch):
-    """Run each test with the detected CUDA-awareness, then forcing host staging."""
-    cupy.cuda.Device(hvd.local_rank() % _device_count()).use()
-    if request.param == "staged through the host":
-        monkeypatch.setenv("HOROVODLITE_CUDA_AWARE_MPI", "0")
+def _local_device() -> int:
+    count = _device_count() or (torch.cuda.device_count() if _torch_cuda() else 1)
+    return hvd.local_rank() % count
+
+
+def _own_devices() -> bool:
+    """Return whether every rank has a GPU of its own (NCCL refuses two ranks on one GPU)."""
+    places = WORLD.allgather((socket.gethostname(), _local_device()))
+    return len(set(places)) == len(places)
+
+
+@pytest.fixture(params=list(ROUTES))
+def route(request, monkeypatch):
+    """Run a test with one transport for GPU buffers; skip it (on every rank) where missing."""
+    name, aware = ROUTES[request.param]
+    state = current()
+    saved = state.settings
+    chosen = dataclasses.replace(saved, transport=name)
+    usable = transport.available(name, chosen)
+    if not min(WORLD.allgather(usable)):
+        pytest.skip(f"the {name} transport is not available on every rank")
+    if name != "mpi" and not _own_devices():
+        pytest.skip("NCCL needs one GPU per rank: run one process per GPU")
+    if cupy is not None and _device_count():
+        cupy.cuda.Device(_local_device()).use()
+    if _torch_cuda():
+        torch.cuda.set_device(_local_device())
+    if aware is not None:
+        monkeypatch.setenv("HOROVODLITE_CUDA_AWARE_MPI", aware)
     runtime.cuda_aware_mpi.cache_clear()
+    state.settings = chosen
     yield request.param
+    state.settings = saved
     monkeypatch.undo()
     runtime.cuda_aware_mpi.cache_clear()
 
@@ -58,9 +119,23 @@ def assert_on_gpu(out) -> None:
     assert isinstance(out, cupy.ndarray), f"expected a CuPy array, got {type(out).__name__}"
 
 
+# ---------------------------------------------------------------------------------------------
+# CuPy arrays.
+
+
+@needs_cupy
+def test_the_route_is_the_one_asked_for(route):
+    chosen = transport.select(current().settings, cupy, hvd.Sum, np.dtype(np.float32))
+    expected = ROUTES[route][0]
+    assert chosen.name == expected, f"{route}: moved by {chosen.name}"
+    if route == "mpi-staged":
+        assert not chosen.device
+
+
+@needs_cupy
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_allreduce_on_gpu(algorithm, dtype):
+def test_allreduce_on_gpu(route, algorithm, dtype):
     x = rank_values((3, 5), dtype, hvd.rank(), seed=40)
     inputs = everyone(x)
     for op in OPS:
@@ -75,18 +150,18 @@ def test_allreduce_on_gpu(algorithm, dtype):
         assert_reduced(cupy.asnumpy(target), expected, op)
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_gpu_shapes_views_and_scaling(algorithm):
+@needs_cupy
+def test_gpu_shapes_views_and_scaling(route):
     n, r = hvd.size(), hvd.rank()
     for shape in ((0,), (), (n + 1,), (2 * n + 1, 3)):
         x = rank_values(shape, np.float32, r, seed=41)
-        out = hvd.allreduce(on_gpu(x), op=hvd.Sum, algorithm=algorithm, postscale_factor=0.5)
+        out = hvd.allreduce(on_gpu(x), op=hvd.Sum, postscale_factor=0.5)
         assert_reduced(cupy.asnumpy(out), reduce_expected(everyone(x), hvd.Sum, 1.0, 0.5))
     base = on_gpu(rank_values((6, 8), np.float64, r, seed=42))
     view = base[::2, 1::3]
     expected = reduce_expected(everyone(cupy.asnumpy(view)), hvd.Sum)
     before = cupy.asnumpy(base)
-    hvd.allreduce_(view, op=hvd.Sum, algorithm=algorithm)
+    hvd.allreduce_(view, op=hvd.Sum)
     after = cupy.asnumpy(base)
     assert_reduced(after[::2, 1::3], expected)
     mask = np.ones(after.shape, bool)
@@ -94,17 +169,31 @@ def test_gpu_shapes_views_and_scaling(algorithm):
     np.testing.assert_array_equal(after[mask], before[mask])
 
 
-def test_gpu_large_buffer_is_identical_on_every_rank():
+@needs_cupy
+def test_gpu_large_buffer_is_identical_on_every_rank(route):
     rng = np.random.default_rng([43, hvd.rank()])
     x = rng.standard_normal(3 << 20).astype(np.float32)  # 12 MiB: several ring segments
-    for algorithm in ALGORITHMS:
-        out = cupy.asnumpy(hvd.allreduce(on_gpu(x), op=hvd.Sum, algorithm=algorithm))
-        assert len(set(WORLD.allgather(out.tobytes()))) == 1, f"{algorithm}: ranks differ"
-        exact = np.sum([v.astype(np.float64) for v in everyone(x)], axis=0)
-        np.testing.assert_allclose(out, exact, rtol=1e-5, atol=1e-5)
+    out = cupy.asnumpy(hvd.allreduce(on_gpu(x), op=hvd.Sum))
+    assert len(set(WORLD.allgather(out.tobytes()))) == 1, f"{route}: ranks differ"
+    exact = np.sum([v.astype(np.float64) for v in everyone(x)], axis=0)
+    np.testing.assert_allclose(out, exact, rtol=1e-5, atol=1e-5)
 
 
-def test_gpu_data_movement():
+@needs_cupy
+def test_gpu_fused_engine_buffers(route):
+    n, r = hvd.size(), hvd.rank()
+    handles = [
+        hvd.allreduce_async(on_gpu(np.full(k + 1, r, np.float32)), op=hvd.Sum, name=f"g{k}")
+        for k in range(6)
+    ]
+    for k, handle in enumerate(handles):
+        out = hvd.synchronize(handle)
+        assert_on_gpu(out)
+        np.testing.assert_array_equal(cupy.asnumpy(out), np.full(k + 1, n * (n - 1) / 2))
+
+
+@needs_cupy
+def test_gpu_data_movement(route):
     n, r = hvd.size(), hvd.rank()
     x = rank_values((2 * n, 3), np.float32, r, seed=44)
     for root in range(n):
@@ -114,10 +203,10 @@ def test_gpu_data_movement():
     target = on_gpu(x)
     hvd.broadcast_(target, root_rank=n - 1)
     np.testing.assert_array_equal(cupy.asnumpy(target), WORLD.bcast(x, root=n - 1))
-    rows = x[:r]
-    out = hvd.allgather(on_gpu(rows))
-    assert_on_gpu(out)
-    np.testing.assert_array_equal(cupy.asnumpy(out), np.concatenate(everyone(rows)))
+    for rows in (x[:r], x[:2]):  # uneven, then even
+        out = hvd.allgather(on_gpu(rows))
+        assert_on_gpu(out)
+        np.testing.assert_array_equal(cupy.asnumpy(out), np.concatenate(everyone(rows)))
     out = hvd.alltoall(on_gpu(x))
     expected = np.concatenate(WORLD.alltoall([x[2 * k : 2 * k + 2] for k in range(n)]))
     np.testing.assert_array_equal(cupy.asnumpy(out), expected)
@@ -128,18 +217,20 @@ def test_gpu_data_movement():
     expected = np.concatenate(WORLD.alltoall([y[bounds[k] : bounds[k + 1]] for k in range(n)]))
     np.testing.assert_array_equal(cupy.asnumpy(out), expected)
     assert received.tolist() == [(k + r) % 3 for k in range(n)]
+    hvd.barrier()
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "mpi", None])
-def test_gpu_reducescatter(algorithm):
+@needs_cupy
+@pytest.mark.parametrize("extra_row", [0, 1], ids=["even", "uneven"])
+def test_gpu_reducescatter(route, extra_row):
     n, r = hvd.size(), hvd.rank()
-    rows = 2 * n + 1
+    rows = 2 * n + extra_row
     x = rank_values((rows, 2), np.float32, r, seed=46)
     base, extra = divmod(rows, n)
     lo = r * base + min(r, extra)
     hi = lo + base + (1 if r < extra else 0)
     for op in (hvd.Sum, hvd.Average, hvd.Max):
-        out = hvd.reducescatter(on_gpu(x), op=op, algorithm=algorithm)
+        out = hvd.reducescatter(on_gpu(x), op=op)
         assert_on_gpu(out)
         assert_reduced(cupy.asnumpy(out), reduce_expected(everyone(x), op)[lo:hi], op)
 
@@ -152,7 +243,8 @@ class CudaArrayInterfaceOnly:
         self.__cuda_array_interface__ = array.__cuda_array_interface__
 
 
-def test_foreign_gpu_arrays():
+@needs_cupy
+def test_foreign_gpu_arrays(route):
     n, r = hvd.size(), hvd.rank()
     x = cupy.full(4, float(r), dtype=cupy.float32)
     out = hvd.allreduce(CudaArrayInterfaceOnly(x), op=hvd.Sum)
@@ -162,11 +254,103 @@ def test_foreign_gpu_arrays():
     np.testing.assert_array_equal(cupy.asnumpy(x), np.full(4, n * (n - 1) / 2))
 
 
-def test_gpu_and_host_mismatch_fails_on_every_rank():
+@needs_cupy
+def test_gpu_mismatches_fail_on_every_rank(route):
     n, r = hvd.size(), hvd.rank()
     if n == 1:
         pytest.skip("a mismatch needs two ranks")
     x = np.ones(3, np.float32)
     with pytest.raises(hvd.MismatchError, match="device"):
         hvd.allreduce(on_gpu(x) if r == n - 1 else x, name="mixed")
-    np.testing.assert_array_equal(hvd.allreduce(np.ones(1), op=hvd.Sum), [n])
+    with pytest.raises(hvd.MismatchError, match="shape"):
+        hvd.allreduce(on_gpu(np.ones(3 + (r == 0), np.float32)), name="gpu.shape")
+    with pytest.raises(hvd.MismatchError, match="dtype"):
+        hvd.allgather(on_gpu(np.ones(2, np.float32 if r else np.float64)), name="gpu.dtype")
+    np.testing.assert_array_equal(cupy.asnumpy(hvd.allreduce(on_gpu(np.ones(1)), op=hvd.Sum)), [n])
+
+
+# ---------------------------------------------------------------------------------------------
+# torch CUDA tensors through horovodlite.torch.
+
+
+def _cuda(x) -> "torch.Tensor":
+    return torch.as_tensor(np.asarray(x)).cuda()
+
+
+@needs_torch_cuda
+def test_torch_cuda_collectives(route):
+    n, r = hvd.size(), hvd.rank()
+    x = rank_values((2 * n + 1, 3), np.float32, r, seed=47)
+    inputs = everyone(x)
+    for op in (hvd.Average, hvd.Sum, hvd.Max):
+        out = hvd_torch.allreduce(_cuda(x), op=op)
+        assert out.is_cuda
+        assert_reduced(out.cpu().numpy(), reduce_expected(inputs, op), op)
+    target = _cuda(x)
+    hvd_torch.allreduce_(target, op=hvd.Sum)
+    assert_reduced(target.cpu().numpy(), reduce_expected(inputs, hvd.Sum))
+    outs = hvd_torch.grouped_allreduce([_cuda(x), _cuda(x[:1])], op=hvd.Sum)
+    assert_reduced(outs[1].cpu().numpy(), reduce_expected(inputs, hvd.Sum)[:1])
+    out = hvd_torch.allgather(_cuda(x[: r + 1]))
+    assert out.is_cuda
+    np.testing.assert_array_equal(out.cpu().numpy(), np.concatenate(everyone(x[: r + 1])))
+    out = hvd_torch.broadcast(_cuda(x), root_rank=n - 1)
+    np.testing.assert_array_equal(out.cpu().numpy(), WORLD.bcast(x, root=n - 1))
+    y = rank_values((2 * n, 2), np.int64, r, seed=48)
+    expected = np.concatenate(WORLD.alltoall([y[2 * k : 2 * k + 2] for k in range(n)]))
+    np.testing.assert_array_equal(hvd_torch.alltoall(_cuda(y)).cpu().numpy(), expected)
+    base, extra = divmod(2 * n + 1, n)
+    lo = r * base + min(r, extra)
+    hi = lo + base + (1 if r < extra else 0)
+    out = hvd_torch.reducescatter(_cuda(x), op=hvd.Sum)
+    assert_reduced(out.cpu().numpy(), reduce_expected(inputs, hvd.Sum)[lo:hi])
+    half = hvd_torch.allreduce(_cuda(x).to(torch.bfloat16), op=hvd.Sum)  # staged: CuPy has no bf16
+    assert half.is_cuda and half.dtype == torch.bfloat16
+
+
+def _make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+    ).cuda()
+
+
+@needs_torch_cuda
+def test_distributed_optimizer_on_gpu_equals_one_process(route):
+    r, n = hvd.rank(), hvd.size()
+    generator = torch.Generator().manual_seed(1234)
+    batches = [
+        (torch.randn(4 * n, 6, generator=generator), torch.randn(4 * n, 1, generator=generator))
+        for _ in range(3)
+    ]
+    model = _make_model(seed=r)  # different on purpose: broadcast_parameters must fix it
+    optimizer = hvd_torch.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters(),
+    )
+    hvd_torch.broadcast_parameters(model.state_dict(), root_rank=0)
+    for x, y in batches:
+        optimizer.zero_grad()
+        mine = slice(4 * r, 4 * r + 4)
+        torch.nn.functional.mse_loss(model(x[mine].cuda()), y[mine].cuda()).backward()
+        optimizer.step()
+    reference = _make_model(seed=0)
+    one = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches:
+        one.zero_grad()
+        torch.nn.functional.mse_loss(reference(x.cuda()), y.cuda()).backward()
+        one.step()
+    for got, want in zip(model.parameters(), reference.parameters()):
+        assert got.is_cuda
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@needs_torch_cuda
+def test_torch_cuda_mismatch_fails_on_every_rank(route):
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        pytest.skip("a mismatch needs two ranks")
+    with pytest.raises(hvd.MismatchError, match="shape"):
+        hvd_torch.allreduce(torch.ones(3 + (r == 0), device="cuda"), name="torch.gpu.shape")
+    out = hvd_torch.allreduce(torch.ones(2, device="cuda"), op=hvd.Sum)
+    np.testing.assert_array_equal(out.cpu().numpy(), [n, n])
