@@ -53,6 +53,8 @@ NATIVE_OPS = frozenset(
     {ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT}
 )
 
+_BY_DEFAULT = frozenset({"auto", "mpi"})
+
 # name -> factory(settings) -> transport or None (None: not usable in this process).
 _FACTORIES: dict = {}
 # The order in which GPU buffers try transports, unless the setting is "mpi".
@@ -269,9 +271,11 @@ def select(settings, xp, op=None, dtype=None):
             or, for gloo and nccl, horovodlite.torch was not imported).
     """
     mpi = _mpi(settings.ring_segment_bytes, settings.hierarchical_allgather)
-    on_device = xp is not np
     named = settings.transport
-    if named not in ("auto", "mpi"):
+    on_device = xp is not np
+    if named == "auto" and not on_device:  # the default for host data: first, it is the most used
+        return mpi
+    if named not in _BY_DEFAULT:
         chosen = _usable(named, settings)
         if chosen is None:
             raise ValueError(_missing(named))
