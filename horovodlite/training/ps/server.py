@@ -51,20 +51,29 @@ class ServerLoop:
     def serve(self) -> dict:
         """Run until every worker has finished or died; return this server's summary."""
         status = MPI.Status()
-        while self.clocks.live:
-            message = wait_for(lambda: self.comm.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status),
-                               self._check_workers)  # fmt: skip
+
+        def next_message():
+            # False ends the wait when the last live worker was found dead meanwhile.
+            return (
+                self.comm.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+                if self.clocks.live
+                else False
+            )
+
+        while (message := wait_for(next_message, self._check_workers)) is not False:
             obj = message.recv()
             self._handle(status.Get_source(), status.Get_tag(), obj)
             self._answer_pulls()
             self._prune_sends()
+            if not self.clocks.live:
+                break
         self.stats.stop = time.perf_counter()
         summary = self.stats.summary()
         final = (self.version, self.store.dense(), self.store.sparse(), summary,
                  sorted(self.clocks.dead))  # fmt: skip
         for worker in sorted(self.finished):
             self._send(worker, p.FINAL, final)
-        wait_for(lambda: True if self._prune_sends() == 0 else None, self._check_workers)
+        wait_for(lambda: True if self._prune_sends() == 0 else None, self._check_finished)
         return summary
 
     # -- messages -----------------------------------------------------------------------------
@@ -158,3 +167,11 @@ class ServerLoop:
                 )  # fmt: skip
         self._apply_complete_step()
         self._answer_pulls()
+
+    def _check_finished(self) -> None:
+        """Called while the last answers go out: a finished worker that died will not take its."""
+        for worker in sorted(self.finished - self.clocks.dead):
+            if not self.peers[worker].alive(self.silence):
+                self.clocks.died(worker)
+                _log.warning("parameter server rank %d: worker rank %d died after it finished",
+                             self.comm.rank, worker)  # fmt: skip
