@@ -3,7 +3,7 @@
 from horovodlite.training import common
 from horovodlite.training.common import *  # noqa: F403
 
-from . import elastic, functions, mpi_ops, pipeline
+from . import elastic, functions, mpi_ops, pipeline, ps
 from .compression import Compression
 from .functions import *  # noqa: F403
 from .mpi_ops import *  # noqa: F403
@@ -13,7 +13,8 @@ from .zero import ZeroOptimizer
 
 # Its own names, the core's that every binding shares, and all of mpi_ops' and functions'.
 __all__ = [
-    "Compression", "DistributedOptimizer", "SyncBatchNorm", "ZeroOptimizer", "elastic", "pipeline"
+    "Compression", "DistributedOptimizer", "SyncBatchNorm", "ZeroOptimizer", "elastic", "pipeline",
+    "ps",
 ]  # fmt: skip
 __all__ += common.__all__
 __all__ += mpi_ops.__all__
