@@ -1,7 +1,5 @@
 """Broadcasting model and optimizer state, and Python objects."""
 
-import contextlib
-
 import horovodlite as core
 import torch
 from horovodlite.process_sets import global_process_set
@@ -93,12 +91,20 @@ def broadcast_optimizer_state(
     Works for any torch optimizer: the structure travels as a small object, the tensors by
     in-place broadcast. `model` is accepted for Horovod compatibility.
 
-    An optimizer without state yet (no step taken) first takes one step with zero gradients,
-    as Horovod's does, so that the state exists: every parameter that requires a gradient is
-    left with a zero `.grad` (sparse for SparseAdam), the others with `grad is None`.
+    Only the state that exists on the root travels. An optimizer that has not stepped yet
+    stays exactly as new: it takes no step (Horovod's steps once on zero gradients, which
+    moves parameters under weight decay and counts in Adam's bias correction), and its state
+    is created at the first real step, alike on every rank since the parameters and the
+    averaged gradients are. A rank whose optimizer has state the root's lacks (say, rank 0
+    did not load the checkpoint the others did) loses it. As in Horovod, every parameter that
+    requires a gradient and has none is given a zero `.grad` (sparse for `SparseAdam`), so that
+    its gradient can be broadcast or reduced at once.
     """
-    if not optimizer.state_dict()["state"]:
-        _create_state(optimizer)
+    check_sharded_state = getattr(optimizer, "_zero_check_state_agrees", None)
+    if check_sharded_state is not None:  # a ZeroOptimizer: its state_dict() gathers shards
+        check_sharded_state()
+    else:
+        _give_zero_gradients(optimizer)
     local = optimizer.state_dict()
     skeleton = core.broadcast_object(
         _skeleton(local), root_rank, name="optimizer_state", process_set=process_set
@@ -112,20 +118,38 @@ def broadcast_optimizer_state(
     ]
     for handle in handles:
         synchronize(handle)
+    if core.rank() == root_rank:
+        return  # its state is the root's already; loading would only cast it (see below)
     optimizer.load_state_dict(state)
+    if check_sharded_state is None:
+        _keep_dtypes(optimizer, state)
 
 
-def _create_state(optimizer) -> None:
+def _keep_dtypes(optimizer, state: dict) -> None:
+    """Give each loaded state tensor the root's dtype again.
+
+    load_state_dict() casts floating state to its parameter's dtype, so a float32 scalar of a
+    float64 parameter (NAdam's mu_product, ASGD's eta and mu) would compute in float64 here
+    and in float32 on the root.
+    """
+    saved_ids = [i for group in state["param_groups"] for i in group["params"]]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    param_of = dict(zip(saved_ids, params))
+    for index, entries in state["state"].items():
+        loaded = optimizer.state[param_of[index]]
+        for key, value in entries.items():
+            mine = loaded.get(key)
+            if torch.is_tensor(value) and torch.is_tensor(mine) and mine.dtype != value.dtype:
+                loaded[key] = mine.to(value.dtype)
+
+
+def _give_zero_gradients(optimizer) -> None:
     for group in optimizer.param_groups:
         for param in group["params"]:
-            if param.requires_grad:
+            if param.requires_grad and param.grad is None:
                 param.grad = torch.zeros_like(param)
                 if isinstance(optimizer, torch.optim.SparseAdam):
                     param.grad = param.grad.to_sparse()
-    # A DistributedOptimizer's step would all-reduce the zeros: step the wrapped class alone.
-    skip = getattr(optimizer, "skip_synchronize", contextlib.nullcontext)
-    with skip():
-        optimizer.step()
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):

@@ -305,6 +305,8 @@ class _ZeroMixin:
         state = {}
         for pieces in gathered:
             for param, start, stop, entries in pieces:
+                if not entries:  # no state yet: no entry, as in the wrapped optimizer's own
+                    continue
                 full = self._zero_params[param]
                 target = state.setdefault(param, {})
                 for key, value in entries.items():
@@ -325,6 +327,24 @@ class _ZeroMixin:
             groups.append({**group, "params": list(range(index, index + count))})
             index += count
         return {"state": state, "param_groups": groups}
+
+    def _zero_check_state_agrees(self) -> None:
+        """Raise ValueError on every rank if some ranks hold state for their shards, some not.
+
+        broadcast_optimizer_state() calls it: the state it broadcasts is gathered from every
+        rank's shard, so one rank's loaded checkpoint cannot reach the others' elements.
+        """
+        # None: owns no elements. (load_state_dict() may leave empty entries: no state.)
+        mine = any(self.state.values()) if self._zero_shard else None
+        everyone = allgather_object(mine, name="zero.has_state",
+                                    process_set=self._zero_settings.process_set)  # fmt: skip
+        if len({has for has in everyone if has is not None}) > 1:
+            without = [r for r, has in enumerate(everyone) if has is False]
+            raise ValueError(
+                f"ZeroOptimizer: ranks {without} hold no optimizer state while others do, so "
+                "there is no whole state to broadcast (each rank keeps only its shard); call "
+                "load_state_dict() with the full checkpoint on every rank instead"
+            )
 
     def _zero_groups_meta(self) -> list:
         sizes = self._zero_group_sizes

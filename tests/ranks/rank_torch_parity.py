@@ -136,13 +136,16 @@ def small_model():
 
 
 @pytest.mark.parametrize("distributed", [False, True])
-def test_broadcast_optimizer_state_creates_the_state_first(distributed):
+def test_broadcast_optimizer_state_leaves_a_new_optimizer_new(distributed):
     model = small_model()
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1, weight_decay=0.1)
     if distributed:
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    assert len(optimizer.state_dict()["state"]) == 3  # the frozen weight has no state
+    # No step on zero gradients (Horovod's takes one): no state, no parameter moved.
+    assert optimizer.state_dict()["state"] == {}
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
     for param in model.parameters():
         if param.requires_grad:
             assert param.grad is not None and not param.grad.any()
@@ -156,7 +159,7 @@ def test_broadcast_optimizer_state_of_sparse_adam():
     optimizer = torch.optim.SparseAdam(embedding.parameters())
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     assert embedding.weight.grad.is_sparse
-    assert len(optimizer.state_dict()["state"]) == 1
+    assert optimizer.state_dict()["state"] == {}
 
 
 def train_step(model, optimizer, x):

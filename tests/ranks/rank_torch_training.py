@@ -33,11 +33,6 @@ def reference(optimizer_factory, n):
     """One process training on the concatenated batch of all ranks."""
     model = make_model()
     optimizer = optimizer_factory(model.parameters())
-    # broadcast_optimizer_state() on a new optimizer first takes a step with zero gradients (as
-    # Horovod's), which counts in Adam's bias correction: the reference takes it too.
-    for param in model.parameters():
-        param.grad = torch.zeros_like(param)
-    optimizer.step()
     for x, y in global_batches(n):
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
