@@ -95,3 +95,14 @@ def test_check_build_reports_the_transports(monkeypatch):
     assert lines[1] == "    host buffers:  mpi" and lines[2].startswith("    GPU buffers:   mpi")
     monkeypatch.setenv("HOROVODLITE_TRANSPORT", "bad")
     assert check_build._transports()[0].startswith("Transports:      none: HOROVODLITE_TRANSPORT")
+
+
+def test_gpu_benchmark_without_cuda_fails_with_a_clear_message(capsys):
+    pytest.importorskip("torch")
+    from horovodlite.bench import cli, gpu
+
+    if not gpu.cuda_missing():
+        pytest.skip("this machine has a GPU: the benchmark would run")
+    assert cli.main(["--device", "cuda", "--np", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda: torch" in err and "no CUDA GPU" in err

@@ -67,9 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     what = parser.add_argument_group("what to measure")
     what.add_argument(
         "--collectives",
-        type=_names(COLLECTIVES),
-        default=list(COLLECTIVES),
-        help=f"comma-separated (default: {','.join(COLLECTIVES)})",
+        type=_names((*COLLECTIVES, "alltoall")),
+        default=None,
+        help=f"comma-separated (default: {','.join(COLLECTIVES)}; with --device cuda also "
+        "alltoall)",
+    )
+    what.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu (default): numpy buffers, horovodlite's algorithms against MPI and Gloo; "
+        "cuda: CUDA tensors, horovodlite against torch.distributed's NCCL (bench/gpu.py), "
+        "one process per GPU",
     )
     what.add_argument(
         "--contenders",
@@ -161,6 +170,13 @@ def _schedule(args) -> Schedule:
 
 
 def _validate(parser, args) -> None:
+    if args.device == "cpu":
+        if args.collectives is None:
+            args.collectives = list(COLLECTIVES)
+        if "alltoall" in args.collectives:
+            parser.error("alltoall is measured with --device cuda only")
+    elif args.simulated_hosts:
+        parser.error("--device cuda runs on this machine's GPUs: no --simulated-hosts")
     if args.repeats < 1 or args.min_iterations < 1 or args.max_iterations < args.min_iterations:
         parser.error("need repeats >= 1 and 1 <= min-iterations <= max-iterations")
     if args.time_per_size <= 0:
@@ -210,6 +226,10 @@ def run_here(args) -> int:
     from .report import format_expectations, format_tables
     from .sweep import facts, sweep
 
+    if args.device == "cuda":
+        from .gpu import run_here as run_on_gpus
+
+        return run_on_gpus(args, _schedule(args))
     hvd.init()
     comm = MPI.COMM_WORLD.Dup()
     sizes = message_sizes(args.min_size, args.max_size, args.size_factor)
@@ -288,8 +308,10 @@ def _write_outputs(runs: list, args) -> None:
 def _worker_args(args) -> list:
     """Return the options that make a launched job measure what this invocation asks."""
     argv = [
+        "--device",
+        args.device,
         "--collectives",
-        ",".join(args.collectives),
+        ",".join(args.collectives or ()),
         "--contenders",
         ",".join(args.contenders),
         "--min-size",
@@ -386,6 +408,13 @@ def main(argv: list = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _validate(parser, args)
+    if args.device == "cuda":
+        from .gpu import cuda_missing
+
+        missing = cuda_missing()  # fail here, before launching jobs that would all fail
+        if missing:
+            print(f"python -m horovodlite.bench --device cuda: {missing}", file=sys.stderr)
+            return 2
     if args.np or args.simulated_hosts:
         return launch(args)
     return run_here(args)
