@@ -62,6 +62,18 @@ def _transports() -> list:
     ]
 
 
+def _allocation() -> str:
+    from .allocation import detect_allocation
+
+    try:
+        allocation = detect_allocation()
+    except (ValueError, OSError) as exc:
+        return f"unreadable: {exc}"
+    if allocation is None:
+        return "none (not inside a Slurm, PBS, LSF or Kubernetes MPI Operator job)"
+    return allocation.describe()
+
+
 def build_report() -> str:
     """Return the --check-build text: version, MPI, CUDA-awareness, transports, frameworks."""
     from ..version import __version__
@@ -73,6 +85,7 @@ def build_report() -> str:
         f"MPI library:     {library}",
         f"CUDA-aware MPI:  {cuda}",
         f"Launcher:        {_launcher()}",
+        f"Scheduler:       {_allocation()}",
         "",
         *_transports(),
         "",

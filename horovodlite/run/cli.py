@@ -2,6 +2,7 @@
 
 horovodlite-run -np 4 -H host1:2,host2:2 python train.py --epochs 3
 horovodlite-run -np 4 --simulated-hosts 2:100mbit python train.py
+horovodlite-run python train.py        # inside a Slurm, PBS, LSF or MPI Operator job
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import sys
 
 from ..version import __version__
+from .allocation import detect_allocation
 from .elastic import ElasticLauncher
 from .elastic_setup import (
     DEFAULT_DISCOVERY_INTERVAL,
@@ -30,11 +32,19 @@ from .hosts import (
     check_reachable,
     check_slots,
     default_hosts,
+    hosts_argument,
     launcher_hosts,
     parse_hostfile,
     parse_hosts,
 )
-from .mpi_launcher import FLAVOUR_NAMES, build_command, detect_flavour, find_mpiexec, settings_env
+from .mpi_launcher import (
+    FLAVOUR_NAMES,
+    build_command,
+    detect_flavour,
+    find_mpiexec,
+    settings_env,
+    srun_command,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -63,14 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-proc",
         type=int,
         metavar="N",
-        help="number of processes (default: all slots of -H/--hostfile)",
+        help="number of processes (default: all slots of -H/--hostfile, else the tasks of "
+        "the scheduler's allocation: Slurm, PBS, LSF, Kubernetes MPI Operator)",
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "-H",
         "--hosts",
         metavar="HOST:SLOTS,...",
-        help="hosts and their slots, e.g. host1:2,host2:2 (default: localhost)",
+        help="hosts and their slots, e.g. host1:2,host2:2 (default: the scheduler's "
+        "allocation, else localhost)",
     )
     where.add_argument(
         "--hostfile", metavar="FILE", help="file of 'host slots=N' or 'host:N' lines"
@@ -80,6 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K[:RATE[:DELAY]]",
         help="run on K simulated hosts (network namespaces on this machine, needs "
         "root), links capped at RATE (e.g. 100mbit) with DELAY (e.g. 0.1ms)",
+    )
+    parser.add_argument(
+        "--launcher",
+        choices=("mpiexec", "srun"),
+        default="mpiexec",
+        help="start the ranks with MPI's launcher (default) or, inside a Slurm job, with srun",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the hosts found and the launch command, and exit without running it",
     )
     parser.add_argument(
         "--mpi-args",
@@ -157,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--check-build",
         action="store_true",
-        help="print the version, MPI library and available frameworks, and exit",
+        help="print the version, MPI library, available frameworks and the scheduler's "
+        "allocation, and exit",
     )
     parser.add_argument("--version", action="version", version=f"horovodlite {__version__}")
     parser.add_argument("command", nargs=argparse.REMAINDER,
@@ -225,25 +249,73 @@ def _run_simulated(args, settings: dict, mpi_args: list) -> int:
         return execute(argv, env)
 
 
-def _run(args, settings: dict, mpi_args: list) -> int:
+def _hosts_and_tasks(args) -> tuple:
+    """Return (hosts or None, default -np or None, Allocation or None): -H, --hostfile, else
+    the scheduler's allocation (an explicit list wins)."""
     if args.hosts is not None:
         hosts = parse_hosts(args.hosts)
     elif args.hostfile is not None:
         hosts = parse_hostfile(args.hostfile)
     else:
-        hosts = None
+        allocation = detect_allocation()
+        if allocation is None:
+            return None, None, None
+        return allocation.hosts, allocation.tasks, allocation
+    return hosts, sum(h.slots for h in hosts), None
+
+
+def _check_fits(np: int, allocation) -> None:
+    slots = sum(h.slots for h in allocation.hosts)
+    if np > slots:
+        raise ValueError(
+            f"-np {np} needs {np} slots, but the {allocation.scheduler} allocation offers "
+            f"{slots} ({hosts_argument(allocation.hosts)}, from {allocation.source}): lower -np "
+            f"or ask the scheduler for more tasks"
+        )
+
+
+def _run(args, settings: dict, mpi_args: list) -> int:
+    hosts, default_np, allocation = _hosts_and_tasks(args)
     if args.num_proc is None and hosts is None:
-        raise ValueError("give -np N (and optionally -H host1:2,host2:2 or --hostfile FILE)")
-    np = args.num_proc if args.num_proc is not None else sum(h.slots for h in hosts)
-    hosts = launcher_hosts(hosts) if hosts else default_hosts(np)
-    check_slots(hosts, np)
-    mpiexec = find_mpiexec()
-    flavour = detect_flavour(mpiexec)
-    if not args.skip_host_check:
-        check_reachable(hosts)
-    argv = build_command(flavour, mpiexec, np, hosts, args.command, settings, mpi_args)
+        raise ValueError(
+            "give -np N (and optionally -H host1:2,host2:2 or --hostfile FILE); no scheduler "
+            "allocation (Slurm, PBS, LSF, Kubernetes MPI Operator) was found to take them from"
+        )
+    np = args.num_proc if args.num_proc is not None else default_np
+    if allocation is not None:
+        _check_fits(np, allocation)
+    if args.launcher == "srun":
+        if allocation is None or allocation.scheduler != "Slurm":
+            raise ValueError(
+                "--launcher srun starts ranks inside a Slurm job (sbatch or salloc), and no "
+                "Slurm allocation was found: drop -H/--hostfile, or use --launcher mpiexec"
+            )
+        argv = srun_command(np, args.command, mpi_args)
+        label = "srun (Slurm)"
+    else:
+        hosts = launcher_hosts(hosts) if hosts else default_hosts(np)
+        check_slots(hosts, np)
+        mpiexec = find_mpiexec()
+        flavour = detect_flavour(mpiexec)
+        argv = build_command(flavour, mpiexec, np, hosts, args.command, settings, mpi_args)
+        label = f"{mpiexec} ({FLAVOUR_NAMES[flavour]})"
+    if args.dry_run:
+        found = allocation.describe() if allocation else "no scheduler allocation"
+        print(f"horovodlite-run: {found}")
+        print(f"horovodlite-run: {np} processes, launcher {label}")
+        for name, value in settings.items():
+            print(f"horovodlite-run: {name}={value}")
+        print(shlex.join(argv), flush=True)
+        return 0
+    # Under Slurm and LSF, Hydra and Open MPI start remote ranks with the scheduler's own
+    # tools (srun, blaunch), not ssh: an ssh probe would fail where ssh is not allowed.
+    if args.launcher == "mpiexec" and not args.skip_host_check:
+        if allocation is None or allocation.scheduler not in ("Slurm", "LSF"):
+            check_reachable(hosts)
     if args.verbose:
-        print(f"horovodlite-run: launcher {mpiexec} ({FLAVOUR_NAMES[flavour]})", file=sys.stderr)
+        if allocation is not None:
+            print(f"horovodlite-run: {allocation.describe()}", file=sys.stderr)
+        print(f"horovodlite-run: launcher {label}", file=sys.stderr)
         _verbose(argv, settings)
     return execute(argv, {**os.environ, **settings})
 
@@ -325,6 +397,9 @@ def main(argv: list | None = None) -> int:
             mpi_args = shlex.split(args.mpi_args)
         except ValueError as exc:
             raise ValueError(f"--mpi-args {args.mpi_args!r}: {exc}") from None
+        if args.dry_run and (_is_elastic(args) or args.simulated_hosts is not None):
+            raise ValueError("--dry-run shows plain launches: drop the elastic flags and "
+                             "--simulated-hosts")  # fmt: skip
         if _is_elastic(args):  # each run of an elastic job has its own exit watch
             return _run_elastic(args, settings, mpi_args)
         # The watch's folder reaches the ranks of this host through the environment they

@@ -22,6 +22,7 @@ __all__ = [
     "Host",
     "check_reachable",
     "check_slots",
+    "checked_host",
     "default_hosts",
     "hosts_argument",
     "is_local",
@@ -90,6 +91,15 @@ def _parse_entry(entry: str, where: str) -> Host:
     if not name:
         raise ValueError(f"{where}: {entry!r} has no host name before ':'")
     return Host(_check_name(name, where), 1 if slots is None else _check_slots_value(slots, where))
+
+
+def checked_host(name: str, slots: int, where: str) -> Host:
+    """Return Host(name, slots) after checking the name and the slot count as -H does.
+
+    Raises:
+        ValueError: a bad name, or slots out of 1..MAX_SLOTS (named with `where`).
+    """
+    return Host(_check_name(name, where), _check_slots_value(str(slots), where))
 
 
 def _no_duplicates(hosts: list, source: str) -> list:

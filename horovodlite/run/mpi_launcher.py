@@ -25,6 +25,7 @@ __all__ = [
     "find_mpiexec",
     "flavour_of",
     "settings_env",
+    "srun_command",
 ]
 
 HYDRA, OPEN_MPI = "hydra", "openmpi"
@@ -166,3 +167,24 @@ def build_command(
     else:
         raise ValueError(f"unknown MPI flavour {flavour!r}: expected {HYDRA!r} or {OPEN_MPI!r}")
     return argv + mpi_args + list(command)
+
+
+def srun_command(np: int, command: list, mpi_args: list | None = None, environ=None) -> list:
+    """Return the argv that starts `command` as `np` tasks of the current Slurm job with srun.
+
+    The ranks find each other through Slurm's PMI-2 server (`--mpi=pmi2`), which MPICH's PMI
+    client speaks; settings reach them in the environment srun passes on. `mpi_args` come
+    after the defaults, so `--mpi=pmix` there replaces them.
+
+    Raises:
+        LaunchError: srun is not installed.
+    """
+    if not command:
+        raise ValueError("no command to run: e.g. horovodlite-run --launcher srun python train.py")
+    environ = os.environ if environ is None else environ
+    srun = shutil.which("srun", path=environ.get("PATH"))
+    if srun is None:
+        raise LaunchError("--launcher srun: no srun on PATH: run inside a Slurm job's shell")
+    # A rank that fails ends the step at once rather than leaving the others waiting.
+    return [srun, f"--ntasks={np}", "--mpi=pmi2", "--kill-on-bad-exit=1",
+            *(mpi_args or []), *command]  # fmt: skip
