@@ -1,4 +1,4 @@
-"""horovodlite.keras on the torch Keras backend: tests/ranks/rank_keras.py again, in its own job.
+"""horovodlite.keras on the torch Keras backend: rank_keras.py and rank_equivalence_keras.py again.
 
 KERAS_BACKEND is read once, when Keras is first imported, so the torch run needs a job of its
 own; tests/test_ranks.py already runs the module on the default (tensorflow) backend.
@@ -16,17 +16,21 @@ RANKS_DIR = pathlib.Path(__file__).parent / "ranks"
 
 
 @pytest.mark.mpi
-def test_keras_module_on_the_torch_backend():
+@pytest.mark.parametrize(
+    "module, np",
+    [("rank_keras.py", 2), ("rank_equivalence_keras.py", 2), ("rank_equivalence_keras.py", 3)],
+)
+def test_keras_module_on_the_torch_backend(module, np):
     pytest.importorskip("keras")
     pytest.importorskip("torch")
     result = run_ranks(
-        2,
-        ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "python_files=rank_*.py",
-         "--rootdir", str(RANKS_DIR), str(RANKS_DIR / "rank_keras.py")],
+        np,
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+         "-o", "python_files=rank_*.py", "--rootdir", str(RANKS_DIR), str(RANKS_DIR / module)],
         timeout=240,
         env={"KERAS_BACKEND": "torch"},
     )  # fmt: skip
-    assert result.returncode == 0, f"rank_keras.py failed on torch:\n{result.stdout[-20000:]}"
+    assert result.returncode == 0, f"{module} failed on torch:\n{result.stdout[-20000:]}"
     assert " passed" in result.stdout
 
 

@@ -21,11 +21,15 @@ __all__ = [
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Make every rank start from `root_rank`'s model and optimizer variables.
 
-    Broadcasts once, as soon as the optimizer's variables exist: at the start of training when
-    `fit` has built the optimizer (Keras 3 does), else after the first batch, as Horovod does.
-    The model variables in `local_variables` (a variable or a list), or registered with
-    `register_local_var`, keep each rank's value; the optimizer's variables are all broadcast,
-    as in Horovod.
+    Broadcasts once, at the start of training, before the first step: the model's weights and
+    the optimizer's variables, which it builds first if `fit` has not (Keras 3 builds them in the
+    first step on the tensorflow backend; building takes no step). So n ranks train exactly as
+    one process from `root_rank`'s weights. Only a model that `fit` itself builds in its first
+    step (no `keras.Input`, not built) has nothing to broadcast before it: then the broadcast
+    follows the first batch, as Horovod's does, and that batch's update averages gradients
+    taken at different weights. The model variables in `local_variables` (a variable or a
+    list), or registered with `register_local_var`, keep each rank's value; the optimizer's
+    variables are all broadcast, as in Horovod.
 
     Raises:
         TypeError: an entry of `local_variables` is not a variable.
@@ -61,12 +65,17 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = True
 
     def on_train_begin(self, logs=None):
+        if self.broadcast_done or not self.model.built:
+            return
         optimizer = getattr(self.model, "optimizer", None)
-        if not self.broadcast_done and (optimizer is None or optimizer.built):
-            self._broadcast()
+        if optimizer is not None and not optimizer.built:
+            # With the variables fit gives it: the slots and the step count it would create in
+            # the first step, so that step finds them built and broadcast.
+            optimizer.build(self.model.trainable_variables)
+        self._broadcast()
 
     def on_train_batch_end(self, batch, logs=None):
-        if not self.broadcast_done:
+        if not self.broadcast_done:  # only a model that the first step built
             self._broadcast()
 
 
