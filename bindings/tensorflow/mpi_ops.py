@@ -342,10 +342,24 @@ def alltoall(
 
     Returns the received tensor, or `(received, received_splits)` (int32) when `splits` is
     given. Without `splits` dimension 0 is split evenly and must divide by the number of ranks.
+    A rank may send or receive no rows at all.
+
+    Raises:
+        ValueError: `splits` are not integers. Splits that do not add up to dimension 0, or a
+            dimension 0 that does not divide evenly, raise tf.errors.InvalidArgumentError on
+            every rank (eagerly it is a ValueError too).
+        tf.errors.FailedPreconditionError: the ranks' dtypes or trailing shapes differ.
     """
     tensor = tf.convert_to_tensor(tensor)
     given = splits is not None
-    split_tensor = tf.cast(tf.reshape(splits if given else [], [-1]), tf.int64)
+    split_tensor = tf.convert_to_tensor(splits if given else [], dtype_hint=tf.int32)
+    if not split_tensor.dtype.is_integer:
+        # ValueError, as Horovod's tf.convert_to_tensor(splits, dtype=tf.int32) raises.
+        raise ValueError(
+            f"alltoall splits must be integers, got {split_tensor.dtype.name}: pass row counts "
+            "as int32 or int64"
+        )
+    split_tensor = tf.cast(tf.reshape(split_tensor, [-1]), tf.int64)
 
     def exchange(array, send, request):
         if not given:

@@ -69,6 +69,27 @@ class _MismatchError(core.MismatchError, tf.errors.FailedPreconditionError):
         return type(self), (self.message,)
 
 
+class _InvalidArgumentError(ValueError, tf.errors.InvalidArgumentError):
+    """A bad argument of a collective run eagerly: horovodlite's ValueError, and the
+    tf.errors.InvalidArgumentError that TensorFlow raises for it in a graph, as Horovod does."""
+
+    def __init__(self, message: str):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+    def __reduce__(self):
+        return type(self), (self.message,)
+
+
+def _run_eagerly(start, arrays, touts: list) -> list:
+    """Run the collective `start` now; raise its errors with TensorFlow's classes."""
+    try:
+        return _finishing(start(*arrays), touts)()
+    except (_MismatchError, _InvalidArgumentError):
+        raise
+    except ValueError as error:
+        raise _InvalidArgumentError(str(error)) from error
+
+
 def _finishing(finish, touts: list):
     """Return a function that waits for `finish()` and returns its results as `touts`."""
 
@@ -84,6 +105,40 @@ def _finishing(finish, touts: list):
     return wait
 
 
+# A Python exception inside a graph's numpy_function reaches the caller as tf.errors.UnknownError
+# (InvalidArgumentError for ValueError and TypeError): TensorFlow keeps its message, not its
+# class. Horovod's ops raise FailedPreconditionError when the ranks disagree, and Horovod's users
+# catch that. No TensorFlow op raises a chosen error class with a chosen message, but reading a
+# file below /dev/null fails with FailedPreconditionError ("Not a directory") quoting the path.
+# So in a graph the wait returns a disagreement as text instead of raising, and one ReadFile op
+# reads "/dev/null" + that text: an empty read of /dev/null when the ranks agreed, the error with
+# its message when not. The path stays under Linux's PATH_MAX (longer ones fail differently).
+_AGREED = "/dev/null"
+_LONGEST_MESSAGE = 3000
+
+
+def _finishing_in_graph(finish, touts: list):
+    """Return the wait of `finish()` for a graph: its results and the mismatch text ("")."""
+    wait = _finishing(finish, touts)
+
+    def wait_in_graph():
+        try:
+            return [*wait(), np.bytes_(b"")]
+        except _MismatchError as error:
+            message = str(error)[:_LONGEST_MESSAGE]
+            empty = [np.zeros(0, d.as_numpy_dtype) for d in touts]
+            return [*empty, np.bytes_(f"/\n{message}\n".encode())]
+
+    return wait_in_graph
+
+
+def _raising_mismatch(outs: list, mismatch) -> list:
+    """Return `outs`, made to depend on the read that raises for a `mismatch` text."""
+    agreed = tf.strings.length(tf.io.read_file(tf.strings.join([_AGREED, mismatch])))  # 0
+    # A data dependency: grappler drops control dependencies on stateless ops such as ReadFile.
+    return [tf.reshape(out, tf.shape(out) + agreed) for out in outs]
+
+
 def run_op(start, inputs: list, *, touts: list, shapes: list, kind: str) -> list:
     """Return the tensors that the collective `start(*arrays)` computes, eagerly or in a graph.
 
@@ -92,16 +147,17 @@ def run_op(start, inputs: list, *, touts: list, shapes: list, kind: str) -> list
     """
     inputs = [tf.convert_to_tensor(t) for t in inputs]
     if tf.executing_eagerly():
-        outs = _finishing(start(*(t.numpy() for t in inputs)), touts)()
+        outs = _run_eagerly(start, [t.numpy() for t in inputs], touts)
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
     if tf.inside_function():
-        outs = tf.numpy_function(
-            lambda *arrays: _finishing(start(*arrays), touts)(),
+        *outs, mismatch = tf.numpy_function(
+            lambda *arrays: _finishing_in_graph(start(*arrays), touts)(),
             inputs,
-            touts,
+            [*touts, tf.string],
             stateful=True,
             name=f"Horovodlite{kind}",
         )
+        outs = _raising_mismatch(outs, mismatch)
     else:
         outs = _submit_then_wait(start, inputs, touts=touts, kind=kind)
     for out, shape in zip(outs, shapes):
@@ -141,7 +197,7 @@ def _submit_then_wait(start, inputs: list, *, touts: list, kind: str) -> list:
             # Nobody asked for that result, nor for its error.
             with contextlib.suppress(Exception):
                 unclaimed()
-        finish = _finishing(start(*arrays), touts)
+        finish = _finishing_in_graph(start(*arrays), touts)
         with _ticket_lock:
             ticket = last[0] = next(_ticket_numbers)
             _tickets[ticket] = finish
@@ -155,9 +211,11 @@ def _submit_then_wait(start, inputs: list, *, touts: list, kind: str) -> list:
     token = tf.numpy_function(
         submit, inputs, tf.int64, stateful=True, name=f"Horovodlite{kind}Submit"
     )
-    outs = tf.numpy_function(wait, [token], touts, stateful=True, name=f"Horovodlite{kind}")
-    _order(token.op, outs[0].op)
-    return outs
+    *outs, mismatch = tf.numpy_function(
+        wait, [token], [*touts, tf.string], stateful=True, name=f"Horovodlite{kind}"
+    )
+    _order(token.op, mismatch.op)
+    return _raising_mismatch(outs, mismatch)
 
 
 class _Collective:

@@ -310,19 +310,80 @@ def test_shape_mismatch_raises_on_every_rank_eagerly():
     assert hvd.allreduce(tf.ones([1]), op=hvd.Sum).numpy()[0] == hvd.size()
 
 
-def test_shape_mismatch_raises_on_every_rank_in_a_function():
-    r = hvd.rank()
+MISMATCHES = {
+    "allreduce shape": lambda r: hvd.allreduce(tf.zeros([2 + (r == 0)])),
+    "allreduce dtype": lambda r: hvd.allreduce(tf.zeros([2], tf.int32 if r else tf.float32)),
+    "allgather shape": lambda r: hvd.allgather(tf.zeros([1, 2 + (r == 0)])),
+    "allgather dtype": lambda r: hvd.allgather(tf.zeros([1], tf.int32 if r else tf.float32)),
+    "broadcast shape": lambda r: hvd.broadcast(tf.zeros([2 + (r == 0)]), 0),
+    "broadcast dtype": lambda r: hvd.broadcast(tf.zeros([2], tf.int32 if r else tf.float32), 0),
+    "alltoall shape": lambda r: hvd.alltoall(tf.zeros([hvd.size()] + [1] * (1 + (r == 0)))),
+    "alltoall dtype": lambda r: hvd.alltoall(tf.zeros([hvd.size()], tf.int32 if r else tf.float32)),
+    "reducescatter shape": lambda r: hvd.reducescatter(tf.zeros([4, 1 + (r == 0)])),
+    "reducescatter dtype": lambda r: hvd.reducescatter(
+        tf.zeros([4], tf.int32 if r else tf.float32), op=hvd.Sum
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", MISMATCHES)
+def test_mismatches_are_failed_precondition_errors_in_every_mode(case, mode):
+    # Horovod's class for ranks that disagree, inside tf.function and TF1 graphs too.
     if hvd.size() == 1:
         pytest.skip("needs two ranks to disagree")
-    with pytest.raises(tf.errors.OpError, match="shape"):
-        tf.function(lambda: hvd.allreduce(tf.zeros([2 + (r == 0)])))()
+    with pytest.raises(tf.errors.FailedPreconditionError, match="rank 0 sent"):
+        _run(mode, lambda: MISMATCHES[case](hvd.rank()))
+    assert _run(mode, lambda: hvd.allreduce(tf.ones([1]), op=hvd.Sum))[0] == hvd.size()
 
 
-@pytest.mark.parametrize("mode", ["function", "graph"])
-def test_bad_alltoall_splits_are_invalid_argument_errors_in_graphs(mode):
+@pytest.mark.parametrize("mode", MODES)
+def test_bad_alltoall_splits_are_invalid_argument_errors(mode):
     n = hvd.size()
     with pytest.raises(tf.errors.InvalidArgumentError, match="add up to"):
         _run(mode, lambda: hvd.alltoall(tf.ones([n + 1]), splits=[1] * n)[0])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="evenly"):
+        _run(mode, lambda: hvd.alltoall(tf.ones([n + 1, 1])))
+    with pytest.raises(ValueError, match="integers"):
+        _run(mode, lambda: hvd.alltoall(tf.ones([n]), splits=tf.ones([n], tf.float32))[0])
+    if mode == "eager":  # still a ValueError, as every bad argument of horovodlite
+        with pytest.raises(ValueError, match="add up to"):
+            hvd.alltoall(tf.ones([n + 1]), splits=[1] * n)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("dims", [1, 3])
+def test_alltoall_where_a_rank_sends_or_receives_nothing(mode, dims):
+    r, n = hvd.rank(), hvd.size()
+    silent = n - 1  # sends nothing in the first exchange, receives nothing in the second
+
+    def build():
+        rows = 0 if r == silent else r + 1
+        sends = tf.reshape(tf.repeat(tf.range(n), rows), [-1] + [1] * (dims - 1))
+        sends = tf.tile(tf.cast(sends, tf.float32), [1] + [2] * (dims - 1))
+        first = hvd.alltoall(sends, splits=[rows] * n)
+        to_all_but = [0 if k == silent else r + 1 for k in range(n)]
+        values = tf.fill([sum(to_all_but)] + [2] * (dims - 1), float(r))
+        second = hvd.alltoall(values, splits=to_all_but)
+        return first, second
+
+    (got, got_splits), (again, again_splits) = _run(mode, build)
+    expected = [0 if k == silent else k + 1 for k in range(n)]
+    assert got_splits.tolist() == expected
+    assert got.shape == (sum(expected),) + (2,) * (dims - 1)
+    np.testing.assert_array_equal(got, r)  # every sender sent this rank its number
+    want = [0] * n if r == silent else [k + 1 for k in range(n)]
+    assert again_splits.tolist() == want
+    assert again.shape == (sum(want),) + (2,) * (dims - 1)
+    first_column = again[(slice(None),) + (0,) * (dims - 1)]
+    np.testing.assert_array_equal(first_column, np.repeat(np.arange(n), want))
+
+
+def test_elastic_is_an_attribute_of_the_package():
+    import horovodlite.tensorflow as package
+
+    assert package.elastic.TensorFlowKerasState.__name__ == "TensorFlowKerasState"
+    assert package.elastic.TensorFlowState is not None
 
 
 def test_bad_root_raises_on_every_rank():
