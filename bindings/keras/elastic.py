@@ -8,28 +8,17 @@ the tensorflow and torch backends, as horovodlite.keras does.
 import numpy as np
 
 import keras
-from horovodlite.training.elastic import (
-    HandlerState,
-    HorovodInternalError,
-    HostsUpdatedInterrupt,
-    ObjectState,
-    State,
-    StateHandler,
-    run,
-)
+from horovodlite.training.elastic import *  # noqa: F403 (SHARED: run, State, ...)
+from horovodlite.training.elastic import SHARED, HandlerState, State, StateHandler
 
 from .functions import broadcast_variables
 
 __all__ = [
-    "run",
-    "State",
-    "ObjectState",
+    *SHARED,
     "KerasState",
     "CommitStateCallback",
     "UpdateBatchStateCallback",
     "UpdateEpochStateCallback",
-    "HorovodInternalError",
-    "HostsUpdatedInterrupt",
     "VariablesHandler",
     "keras_handler_for",
 ]

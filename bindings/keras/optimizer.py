@@ -163,41 +163,19 @@ def DistributedOptimizer(
         raise TypeError(
             f"DistributedOptimizer wraps a Keras 3 optimizer, got {type(optimizer).__name__}"
         )
-    settings = ReductionSettings(
-        compression=compression,
-        sparse_as_dense=sparse_as_dense,
-        gradient_predivide_factor=gradient_predivide_factor,
-        op=op,
-        backward_passes_per_step=backward_passes_per_step,
-        num_groups=num_groups,
-        groups=groups,
-        process_set=process_set,
-        scale_local_gradients=bool(scale_local_gradients),
-    )
+    settings = ReductionSettings.from_arguments(locals())
     return wrap(
         optimizer, settings, name=name, average_aggregated_gradients=average_aggregated_gradients
     )
 
 
-def PartialDistributedOptimizer(
-    optimizer,
-    name=None,
-    device_dense="",
-    device_sparse="",
-    compression=Compression.none,
-    sparse_as_dense=False,
-    gradient_predivide_factor=1.0,
-    op=ReduceOp.AVERAGE,
-    groups=None,
-    process_set=global_process_set,
-    local_layers=None,
-    scale_local_gradients=True,
-):
+def PartialDistributedOptimizer(optimizer, *args, local_layers=None, **kwargs):
     """Return DistributedOptimizer(optimizer, ...) that keeps `local_layers`' gradients local.
 
-    The trainable weights of the Keras layers in `local_layers` (a layer or a list of layers)
-    are registered with `register_local_var`: their gradients are not all-reduced (and are
-    divided by the process set's size if `scale_local_gradients`). Horovod 0.28's signature.
+    Takes DistributedOptimizer's arguments, and `local_layers`: the trainable weights of these
+    Keras layers (a layer or a list of layers) are registered with `register_local_var`, so
+    their gradients are not all-reduced (and are divided by the process set's size if
+    `scale_local_gradients`). Horovod 0.28's function.
 
     Raises:
         TypeError: `optimizer` is not a Keras 3 optimizer, or an entry of `local_layers` is not
@@ -205,19 +183,7 @@ def PartialDistributedOptimizer(
         ValueError, NotImplementedError: as DistributedOptimizer.
     """
     local_variables = layer_variables(local_layers)
-    wrapped = DistributedOptimizer(
-        optimizer,
-        name=name,
-        device_dense=device_dense,
-        device_sparse=device_sparse,
-        compression=compression,
-        sparse_as_dense=sparse_as_dense,
-        gradient_predivide_factor=gradient_predivide_factor,
-        op=op,
-        groups=groups,
-        process_set=process_set,
-        scale_local_gradients=scale_local_gradients,
-    )
+    wrapped = DistributedOptimizer(optimizer, *args, **kwargs)
     for variable in local_variables:
         wrapped.register_local_var(variable)
     return wrapped

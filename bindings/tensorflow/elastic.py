@@ -13,28 +13,18 @@ from horovodlite.keras.elastic import (
     VariablesHandler,
 )
 
-from horovodlite.training.elastic import (
-    HandlerState,
-    HorovodInternalError,
-    HostsUpdatedInterrupt,
-    ObjectState,
-    State,
-    run,
-)
+from horovodlite.training.elastic import *  # noqa: F403 (SHARED: run, State, ...)
+from horovodlite.training.elastic import SHARED, HandlerState
 
 from .functions import broadcast_variables
 
 __all__ = [
-    "run",
-    "State",
-    "ObjectState",
+    *SHARED,
     "TensorFlowKerasState",
     "TensorFlowState",
     "CommitStateCallback",
     "UpdateBatchStateCallback",
     "UpdateEpochStateCallback",
-    "HorovodInternalError",
-    "HostsUpdatedInterrupt",
 ]
 
 

@@ -79,18 +79,7 @@ def DistributedGradientTape(
     Raises:
         ValueError, TypeError, NotImplementedError: a bad argument (see ReductionSettings).
     """
-    reducer = GradientReducer(
-        ReductionSettings(
-            compression=compression,
-            sparse_as_dense=sparse_as_dense,
-            op=op,
-            gradient_predivide_factor=gradient_predivide_factor,
-            num_groups=num_groups,
-            groups=groups,
-            process_set=process_set,
-            scale_local_gradients=bool(scale_local_gradients),
-        )
-    )
+    reducer = GradientReducer(ReductionSettings.from_arguments(locals()))
     base = type(gradtape)
 
     class _DistributedGradientTape(base):
@@ -127,43 +116,19 @@ def DistributedGradientTape(
     return tape
 
 
-def PartialDistributedGradientTape(
-    gradtape,
-    device_dense="",
-    device_sparse="",
-    compression=Compression.none,
-    sparse_as_dense=False,
-    op=ReduceOp.AVERAGE,
-    gradient_predivide_factor=1.0,
-    num_groups=0,
-    groups=None,
-    process_set=global_process_set,
-    local_layers=None,
-    scale_local_gradients=True,
-):
+def PartialDistributedGradientTape(gradtape, *args, local_layers=None, **kwargs):
     """Return DistributedGradientTape(gradtape, ...) with the variables of `local_layers` local.
 
-    The trainable weights of the Keras layers in `local_layers` (a layer or a list of layers)
-    are registered with `register_local_source`: their gradients are not all-reduced.
+    Takes DistributedGradientTape's arguments, and `local_layers`: the trainable weights of
+    these Keras layers (a layer or a list of layers) are registered with
+    `register_local_source`, so their gradients are not all-reduced.
 
     Raises:
         TypeError: an entry of `local_layers` is not a Keras layer.
         ValueError, NotImplementedError: a bad argument (see ReductionSettings).
     """
     local_variables = layer_variables(local_layers)
-    tape = DistributedGradientTape(
-        gradtape,
-        device_dense,
-        device_sparse,
-        compression,
-        sparse_as_dense,
-        op,
-        gradient_predivide_factor,
-        num_groups,
-        groups,
-        process_set,
-        scale_local_gradients,
-    )
+    tape = DistributedGradientTape(gradtape, *args, **kwargs)
     for variable in local_variables:
         tape.register_local_source(variable)
     return tape

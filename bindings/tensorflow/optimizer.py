@@ -153,32 +153,15 @@ def DistributedOptimizer(
         TypeError: `optimizer` is neither kind.
     """
     v1 = isinstance(optimizer, tf.compat.v1.train.Optimizer)
-    settings = ReductionSettings(
-        compression=compression,
-        sparse_as_dense=sparse_as_dense,
-        backward_passes_per_step=backward_passes_per_step,
-        op=op,
-        gradient_predivide_factor=gradient_predivide_factor,
-        num_groups=num_groups,
-        groups=groups,
-        process_set=process_set,
-        scale_local_gradients=bool(scale_local_gradients),
-    )
-    if v1 and combines_updates(settings):
-        if backward_passes_per_step != 1:
+    settings = ReductionSettings.from_arguments(locals())
+    if v1:
+        adasum = combines_updates(settings)
+        if adasum and backward_passes_per_step != 1:
             raise ValueError(
                 "op=Adasum with a tf.compat.v1 optimizer steps on each run's local gradients: "
                 "use backward_passes_per_step=1, or a Keras optimizer"
             )
-        return _AdasumOptimizerV1(
-            optimizer,
-            name=name,
-            use_locking=use_locking,
-            reducer=GradientReducer(settings),
-            average_aggregated_gradients=average_aggregated_gradients,
-        )
-    if v1:
-        return _DistributedOptimizerV1(
+        return (_AdasumOptimizerV1 if adasum else _DistributedOptimizerV1)(
             optimizer,
             name=name,
             use_locking=use_locking,

@@ -9,28 +9,13 @@ loaded on any device.
 import copy
 
 import torch
-from horovodlite.training.elastic import (
-    HandlerState,
-    HorovodInternalError,
-    HostsUpdatedInterrupt,
-    ObjectState,
-    State,
-    StateHandler,
-    run,
-)
+from horovodlite.training.elastic import *  # noqa: F403 (SHARED: run, State, ...)
+from horovodlite.training.elastic import SHARED, HandlerState, StateHandler
 from horovodlite.training.elastic_sampling import ElasticIndices, SamplerHandler
 
 from .functions import broadcast_optimizer_state, broadcast_parameters
 
-__all__ = [
-    "run",
-    "State",
-    "ObjectState",
-    "TorchState",
-    "ElasticSampler",
-    "HorovodInternalError",
-    "HostsUpdatedInterrupt",
-]
+__all__ = [*SHARED, "TorchState", "ElasticSampler"]
 
 
 def _cpu_copy(value):

@@ -268,16 +268,7 @@ def DistributedOptimizer(
         ValueError, TypeError, NotImplementedError: a bad argument (see ReductionSettings), or
             named_parameters that do not name the optimizer's parameters once each.
     """
-    settings = ReductionSettings(
-        compression=compression,
-        backward_passes_per_step=backward_passes_per_step,
-        op=op,
-        gradient_predivide_factor=gradient_predivide_factor,
-        num_groups=num_groups,
-        groups=groups,
-        sparse_as_dense=sparse_as_dense,
-        process_set=process_set,
-    )
+    settings = ReductionSettings.from_arguments(locals())
     cls = type(optimizer.__class__.__name__, (_DistributedMixin, optimizer.__class__), {})
     distributed = cls.__new__(cls)
     distributed.__dict__.update(optimizer.__dict__)

@@ -33,7 +33,11 @@ __all__ = [
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
     "FAILURE_EXIT_CODE",
+    "SHARED",
 ]
+
+# The names every binding's hvd.elastic re-exports unchanged, beside its own states.
+SHARED = ["run", "State", "ObjectState", "HorovodInternalError", "HostsUpdatedInterrupt"]
 
 # The exit status of every rank that leaves run() on a HorovodInternalError (a peer died or a
 # collective failed): the launcher counts a failure and restarts from the last commit.
@@ -41,7 +45,23 @@ FAILURE_EXIT_CODE = 1
 _FORMAT = 1  # the layout of a commit's payload (a dict), in case it ever changes
 
 
-class State:
+class _Committed:
+    """What a state and each of its handlers do with their values and the commit."""
+
+    def save(self) -> None:
+        """Keep the current values as the committed ones."""
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        """Set the values back to the last commit."""
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Give every rank rank 0's values (collective)."""
+        raise NotImplementedError
+
+
+class State(_Committed):
     """Horovod's elastic state: what `commit()` keeps and `restore()` brings back.
 
     Subclasses define `save()` (keep the current values as the commit), `restore()` (go back to
@@ -112,18 +132,6 @@ class State:
         if changed:
             raise HostsUpdatedInterrupt(skip_sync=False)
 
-    def save(self) -> None:
-        """Keep the current values as the committed ones."""
-        raise NotImplementedError
-
-    def restore(self) -> None:
-        """Set the values back to the last commit."""
-        raise NotImplementedError
-
-    def sync(self) -> None:
-        """Give every rank rank 0's values (collective)."""
-        raise NotImplementedError
-
     def reset(self) -> None:
         """Adapt to a new job (a restart, maybe at a new size); called before the callbacks."""
 
@@ -171,7 +179,7 @@ class ObjectState(State):
         self._saved_state = dict(snapshot["objects"])
 
 
-class StateHandler:
+class StateHandler(_Committed):
     """One framework object of a state (a model, an optimizer, a sampler) and its commit.
 
     `value` is the object itself; `saved` its committed contents, picklable (a state dict,
@@ -187,15 +195,6 @@ class StateHandler:
         """Replace the object (`state.model = new_model`) and commit its contents."""
         self.value = value
         self.save()
-
-    def save(self) -> None:
-        raise NotImplementedError
-
-    def restore(self) -> None:
-        raise NotImplementedError
-
-    def sync(self) -> None:
-        raise NotImplementedError
 
 
 class HandlerState(ObjectState):
@@ -237,8 +236,11 @@ class HandlerState(ObjectState):
         super().restore()
 
     def sync(self) -> None:
+        # Rank 0's values become the commit too, as for the plain attributes: a restore() before
+        # the next commit must not take a rank back to the values it had before the sync.
         for handler in self._handlers.values():
             handler.sync()
+            handler.save()
         super().sync()
 
     def _snapshot(self):

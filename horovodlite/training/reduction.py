@@ -123,6 +123,20 @@ class ReductionSettings:
         object.__setattr__(self, "groups", _checked_groups(self.groups))
         object.__setattr__(self, "process_set", process_set)
 
+    @classmethod
+    def from_arguments(cls, arguments: dict) -> "ReductionSettings":
+        """Return the settings from a DistributedOptimizer's or tape's arguments, by name.
+
+        Every binding's wrapper takes Horovod's arguments in its own order; it passes them all
+        (`locals()`), and those named like a field become the settings, the others (the
+        optimizer, device_dense, name, ...) stay with the binding.
+        """
+        fields = {field.name for field in dataclasses.fields(cls)}
+        chosen = {name: value for name, value in arguments.items() if name in fields}
+        if "scale_local_gradients" in chosen:
+            chosen["scale_local_gradients"] = bool(chosen["scale_local_gradients"])
+        return cls(**chosen)
+
     @property
     def prescale_factor(self) -> float:
         """The factor on each rank's gradient before the sum: 1 / gradient_predivide_factor."""

@@ -373,3 +373,20 @@ def test_broadcast_callback_leaves_local_variables_alone():
         assert not _same_everywhere([before])
     with pytest.raises(TypeError, match="local_variables"):
         hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[1.0])
+
+
+def test_keras_state_sync_commits_the_broadcast_weights():
+    # A restore() right after sync() keeps rank 0's weights, as Horovod's state does.
+    model = _model(seed=300 + hvd.rank())  # different initial weights on every rank
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+    state = hvd.elastic.KerasState(model, batch=hvd.rank())
+    state.sync()
+    synced = model.get_weights()
+    assert _same_everywhere(synced)
+    assert state.batch == 0
+    model.set_weights([w + 1 for w in synced])
+    state.batch = 5
+    state.restore()
+    for got, want in zip(model.get_weights(), synced):
+        np.testing.assert_array_equal(got, want)
+    assert state.batch == 0
