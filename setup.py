@@ -30,7 +30,7 @@ def read_version() -> str:
 
 extras = {
     "mpich": ["mpich"],
-    "cuda": ["cupy-cuda12x"],
+    "cuda": ["cupy-cuda12x", "nvidia-nccl-cu12"],
     "torch": ["torch>=2.1"],
     "tensorflow": ["tensorflow>=2.16", "keras>=3"],
     "lightning": ["torch>=2.1", "pytorch-lightning>=2.6"],
