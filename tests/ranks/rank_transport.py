@@ -7,6 +7,7 @@ MPI before any data moves. Skipped where torch (and so Gloo) is missing.
 """
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -174,3 +175,18 @@ def test_mismatch_is_found_over_mpi_before_data_moves():
     with pytest.raises(hvd.MismatchError, match="shape"):
         hvd.allreduce(x, name="gloo.mismatch")
     np.testing.assert_array_equal(hvd.allreduce(np.ones(2, np.float32), op=hvd.Sum), [n, n])
+
+
+def test_timeline_names_the_transport(tmp_path_factory):
+    # Rank 0 writes the timeline; the path need only exist there.
+    path = str(tmp_path_factory.mktemp("timeline") / "trace.json")
+    hvd.start_timeline(path)
+    try:
+        handle = hvd.allreduce_async(np.ones(8, np.float32), op=hvd.Sum, name="traced")
+        hvd.synchronize(handle)
+    finally:
+        hvd.stop_timeline()
+    if hvd.rank() == 0:
+        with open(path) as trace:
+            phases = {event["name"] for event in json.load(trace)}
+        assert "ALLREDUCE_GLOO" in phases, sorted(phases)
