@@ -166,8 +166,11 @@ def mismatch_message(infos: list) -> str:
     if len({describe(fields) for _, fields, _ in infos}) > 1:
         names = {fields.get("name") for _, fields, _ in infos}
         # The engine matches requests by name: keep it when only the kind of collective differs.
+        kinds = {fields.get("collective") for _, fields, _ in infos}
         single = len(names) == 1 and None not in names
         header = f"collective {names.pop()!r}" if single else "collective"
+        if not single and len(kinds) == 1:  # only the names differ: keep the kind
+            header = str(kinds.pop())
     problems = [
         f"{_ranks([r])} failed before sending: {error}"
         for r, _, error in infos

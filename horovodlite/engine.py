@@ -104,8 +104,8 @@ class Engine:
         """
         requests = []
         with self._lock:
-            if self._stopped is not None:
-                raise self._stopped
+            if self._stopped is not None:  # name the collective, as pending ones do
+                raise type(self._stopped)(f"{describe(plans[0].fields)}: {self._stopped}")
             for plan in plans:
                 if plan.name is None:
                     count = self._auto_names.get(plan.kind, 0)
@@ -476,8 +476,8 @@ class Engine:
             self._stopped = error
             requests = list(self._pending.values()) + self._incoming
             self._pending, self._incoming = {}, []
-        for request in requests:
-            self._finish(request, error=error)
+        for request in requests:  # each error names its own collective
+            self._finish(request, error=type(error)(f"{describe(request.plan.fields)}: {error}"))
         self._join_done.set()
 
 

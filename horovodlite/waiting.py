@@ -42,7 +42,7 @@ __all__ = [
     "Watch",
     "LEFT_SHUTDOWN",
     "LEFT_EXIT",
-    "close_notes",
+    "Inbox",
     "default_wait",
     "teardown_later",
 ]
@@ -69,6 +69,7 @@ _LONG_WAIT, _LONG_SLEEP = 1.0, 10e-3  # after a second, test less often: nobody 
 _NOTICE_AFTER = 1.0  # seconds in one wait before telling the others where this rank waits
 _MARK_AFTER = 0.1  # seconds in one wait before the waiting marker file is created
 _DEPARTURE_GRACE = 2.0  # seconds a wait goes on after a member left, in case it completes
+_QUIET = 5e-3  # seconds without a note before a closing rank stops receiving them
 _TEARDOWN_DELAY = 5.0  # seconds between a fatal error and MPI_Abort: time to print and unwind
 
 
@@ -97,9 +98,7 @@ class Watch:
         # shutdown() could reach the next init()'s Watch: notices carry the init's number.
         self.generation = generation
         self._lock = threading.Lock()
-        self._incoming = np.zeros(_WORDS, dtype=np.int64)
-        self._receive = comm.Irecv(self._incoming, MPI.ANY_SOURCE, _TAG)
-        self._sends: list = []
+        self._inbox = Inbox(comm, _TAG, _WORDS)
         self.left: dict = {}  # rank -> reason code
         self._waiting: dict = {}  # digest -> ranks that report waiting in it now
         self._mismatched: dict = {}  # digest -> ranks that hold it as an async request
@@ -114,9 +113,9 @@ class Watch:
     def poll(self) -> None:
         """Read every notice that has arrived."""
         with self._lock:
-            while not self._closed and self._receive.Test():
-                kind, sender, detail, generation = (int(v) for v in self._incoming[:_HEADER])
-                text = self._incoming[_HEADER:].tobytes().rstrip(b"\0").decode(errors="replace")
+            for note in [] if self._closed else self._inbox.arrived():
+                kind, sender, detail, generation = (int(v) for v in note[:_HEADER])
+                text = note[_HEADER:].tobytes().rstrip(b"\0").decode(errors="replace")
                 if generation != self.generation:
                     pass  # from an earlier init() of this job
                 elif kind == _LEFT:
@@ -130,7 +129,6 @@ class Watch:
                     self._mismatched.setdefault(detail, set()).add(sender)
                 elif kind == _CROSSED:
                     self._crossed[detail] = text
-                self._receive = self.comm.Irecv(self._incoming, MPI.ANY_SOURCE, _TAG)
 
     def _notify(self, kind: int, detail: int, ranks: Sequence[int], text: str = "") -> None:
         me = self.comm.rank
@@ -139,9 +137,7 @@ class Watch:
         raw = text.encode()[:_TEXT_BYTES]
         message[_HEADER:].view(np.uint8)[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
         with self._lock:
-            self._sends = [r for r in self._sends if not r.Test()]
-            # One small eager message per rank: it completes without its receiver's help.
-            self._sends += [self.comm.Isend(message.copy(), r, _TAG) for r in ranks if r != me]
+            self._inbox.send(message, ranks)
 
     def held_async(self, identity: int, what: str) -> Optional[MismatchError]:
         """Return the error for this rank's asynchronous `what` (digest `identity`) where other
@@ -193,15 +189,16 @@ class Watch:
         return MismatchError(message)
 
     def announce_departure(self, reason: int) -> None:
-        """Tell every rank that this one is leaving (shutdown or exit)."""
-        self._notify(_LEFT, reason, range(self.comm.size))
+        """Tell every rank that this one is leaving (shutdown or exit), but those gone already."""
+        self.poll()
+        self._notify(_LEFT, reason, [r for r in range(self.comm.size) if r not in self.left])
 
     def close(self) -> None:
         """Stop listening; let the notices this rank sent go out first (at most 1 s)."""
         with self._lock:
             if not self._closed:
                 self._closed = True
-                close_notes(self._sends, self._receive)
+                self._inbox.close()
 
     # -- waiting ------------------------------------------------------------------------------
 
@@ -328,14 +325,59 @@ def _mark(path: str, present: bool) -> bool:
         return False
 
 
-def close_notes(sends: list, receive: MPI.Request, seconds: float = 1.0) -> None:
-    """Let the notes in `sends` go out (for at most `seconds`), then cancel `receive`."""
-    deadline = time.monotonic() + seconds
-    while sends and time.monotonic() < deadline:
-        sends = [r for r in sends if not r.Test()]
-        time.sleep(1e-3)
-    receive.Cancel()
-    receive.Wait()
+class Inbox:
+    """Small fixed-size notes with `tag` on `comm`: sending them, and one receive per sender.
+
+    One receive posted per sender, not one from MPI.ANY_SOURCE: under MPICH over UCX
+    (MPIR_CVAR_NOLOCAL=1, or ranks on several hosts) an any-source receive reposted while notes
+    kept coming missed some, so an engine slept on while the others waited for it. A sender's
+    notes arrive in the order it sent them.
+    """
+
+    def __init__(self, comm: MPI.Comm, tag: int, words: int):
+        self._comm, self._tag = comm, tag
+        self._sources = [r for r in range(comm.size) if r != comm.rank]
+        self._buffers = [np.zeros(words, dtype=np.int64) for _ in self._sources]
+        self._receives = [comm.Irecv(b, r, tag) for b, r in zip(self._buffers, self._sources)]
+        self._sends: list = []
+
+    def arrived(self) -> list:
+        """Return copies of the notes that have arrived, each sender's in the order sent."""
+        notes = []
+        while self._receives and (done := MPI.Request.Testsome(self._receives)):
+            for i in done:
+                notes.append(self._buffers[i].copy())
+                self._receives[i] = self._comm.Irecv(self._buffers[i], self._sources[i], self._tag)
+        return notes
+
+    def send(self, note: np.ndarray, ranks) -> None:
+        """Send `note` to `ranks` (not to this rank): one small eager message each."""
+        self._sends = [r for r in self._sends if not r.Test()]
+        me = self._comm.rank
+        self._sends += [self._comm.Isend(note.copy(), r, self._tag) for r in ranks if r != me]
+
+    def close(self) -> None:
+        """Let this rank's notes go out (for at most a second), then receive every note sent
+        here, cancel the receives and drop what came.
+
+        A message left unreceived at MPI_Finalize is harmless on MPICH over shared memory, a
+        warning over UCX, and a hang or a crash on some other MPIs: none may be left behind.
+        The ranks' last notes precede the engines' last negotiation (or reach a rank long
+        before it leaves), so they have arrived here; a short quiet spell catches a late one.
+        """
+        deadline = time.monotonic() + 1.0
+        while self._sends and time.monotonic() < deadline:
+            self._sends = [r for r in self._sends if not r.Test()]
+            time.sleep(1e-3)
+        last = time.monotonic()
+        while time.monotonic() - last < _QUIET:
+            if self.arrived():
+                last = time.monotonic()
+            time.sleep(1e-3)
+        for request in self._receives:
+            request.Cancel()
+        MPI.Request.Waitall(self._receives)
+        self._receives = []
 
 
 def _ranks(ranks: list) -> str:

@@ -24,7 +24,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .waiting import close_notes
+from .waiting import Inbox
 
 __all__ = ["Wakeup"]
 
@@ -49,9 +49,7 @@ class Wakeup:
         self._flush = threading.Event()  # and somebody asked for a result
         self._lock = threading.Lock()
         self._waiters = 0  # threads blocked in synchronize() now
-        self._note = np.zeros(2, dtype=np.int64)  # the sleep it ends, the init's number
-        self._receive = comm.Irecv(self._note, MPI.ANY_SOURCE, _TAG)
-        self._sends: list = []
+        self._inbox = Inbox(comm, _TAG, 2)  # notes: the sleep it ends, the init's number
         self.sleeps = 0  # sleeps so far; the engines start asleep, in sleep 0
 
     def set(self) -> None:
@@ -91,6 +89,7 @@ class Wakeup:
         while True:
             if self._work.wait(poll):
                 self._work.clear()
+                self._woken_by_another()  # read the notes that came: unread ones pile up
                 self._wake_others()
                 break
             if self._woken_by_another():
@@ -103,22 +102,14 @@ class Wakeup:
         self.sleeps += 1
 
     def _woken_by_another(self) -> bool:
-        woken = False
-        while self._receive.Test():
-            # Older notes ended older sleeps, or came from an earlier init().
-            current = (int(self._note[0]), int(self._note[1])) == (self.sleeps, self._generation)
-            woken = woken or current
-            self._receive = self._comm.Irecv(self._note, MPI.ANY_SOURCE, _TAG)
-        return woken
+        # Older notes ended older sleeps, or came from an earlier init().
+        current = [self.sleeps, self._generation]
+        return any(note.tolist() == current for note in self._inbox.arrived())
 
     def _wake_others(self) -> None:
         note = np.array([self.sleeps, self._generation], dtype=np.int64)
-        me = self._comm.rank
-        self._sends = [r for r in self._sends if not r.Test()]
-        self._sends += [
-            self._comm.Isend(note, rank, _TAG) for rank in range(self._comm.size) if rank != me
-        ]
+        self._inbox.send(note, range(self._comm.size))
 
     def close(self) -> None:
         """Stop listening for notes; let this rank's notes go out first (at most 1 s)."""
-        close_notes(self._sends, self._receive)
+        self._inbox.close()

@@ -151,7 +151,7 @@ def test_stall_shutdown_raises_on_every_rank():
     stopped = "horovodlite stopped: a collective stalled for over 2 s"
     for rank in range(3):
         pending = "other" if rank == 2 else "lonely"
-        assert f"rank {rank} raised: {stopped}" in out, out
+        assert f"rank {rank} raised: allreduce '{pending}': {stopped}" in out, out
         assert re.search(f"rank {rank} raised: .*pending here: \\['{pending}'\\]", out), out
         assert f"rank {rank} refuses new requests" in out, out
 

@@ -1,0 +1,351 @@
+"""Fault campaign: random programs on 2-4 ranks, one random fault each; nothing may hang.
+
+Each trial draws, from its seed, a program (a sequence of synchronous and asynchronous
+collectives of every kind, process sets, join, and sometimes a few steps of the torch
+DistributedOptimizer loop), a rank count, and one fault injected by one rank at one step:
+
+- `sys_exit`, `os_exit`, `sigkill`, `exception`, `shutdown`: the rank leaves there;
+- `stall`: the rank sleeps past the collective timeout (HOROVODLITE_COLLECTIVE_TIMEOUT) first;
+- `shape`, `dtype`, `name`, `collective`, `way`: the rank calls a probe collective with another
+  shape, dtype, name, kind of collective, or synchronously where the others call it
+  asynchronously (or the reverse);
+- `load`: no fault, two busy processes beside the job; `none`: no fault.
+
+The job runs under horovodlite-run. A trial passes when either every rank finishes with results
+equal to numpy's (no fault), or the job ends within BOUND seconds of the fault with a non-zero
+status and every surviving rank's error names the faulty rank and a collective (for `os_exit`
+and `sigkill` no Python runs in the rank: horovodlite-run names it). Anything else is a failure:
+a hang (killed at HANG seconds), a wrong result, or an error that does not name them.
+
+    python benchmarks/fault_campaign.py --trials 300 --out benchmarks/results/fault_campaign.json
+    python benchmarks/fault_campaign.py --seed 17 --verbose   # replay one trial
+
+Not run in CI; run it under `nice` on a shared machine.
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+EXITS = ["sys_exit", "os_exit", "sigkill", "exception", "shutdown"]
+MISMATCHES = ["shape", "dtype", "name", "collective", "way"]
+FAULTS = EXITS + ["stall"] + MISMATCHES + ["load", "none"]
+KINDS = ["allreduce", "async", "allgather", "broadcast", "alltoall", "reducescatter",
+         "grouped", "barrier", "process_set", "join"]  # fmt: skip
+TIMEOUT = 6.0  # HOROVODLITE_COLLECTIVE_TIMEOUT of every trial, seconds
+BOUND = 30.0  # a faulty trial must end within this many seconds of its fault
+HANG = 120.0  # a trial still running then is killed and counted as a hang
+COLLECTIVE_WORDS = re.compile(
+    r"allreduce|allgather|broadcast|alltoall|reducescatter|barrier|join|process_set|negotiation"
+)
+
+
+# -- the trial's plan, the same on every rank -----------------------------------------------------
+
+
+def draw(seed: int) -> dict:
+    """Return the trial `seed`: rank count, program, fault, faulty rank and step."""
+    rng = np.random.default_rng([seed, 25])
+    np_ = int(rng.integers(2, 5))
+    steps = [str(k) for k in rng.choice(KINDS, size=int(rng.integers(4, 9)))]
+    if rng.random() < 0.25:
+        steps.insert(int(rng.integers(0, len(steps) + 1)), "torch")
+    fault = FAULTS[seed % len(FAULTS)]
+    at = int(rng.integers(0, len(steps)))
+    if fault in MISMATCHES:
+        steps.insert(at, "probe")
+    return {"seed": seed, "np": np_, "steps": steps, "fault": fault,
+            "rank": int(rng.integers(0, np_)), "at": at}  # fmt: skip
+
+
+# -- the worker: one rank of a trial ---------------------------------------------------------------
+
+
+def values(seed: int, step: int, rank: int, shape) -> np.ndarray:
+    """Return a rank's input: small integers, so every sum is exact in float64."""
+    return np.random.default_rng([seed, step, rank]).integers(-3, 5, size=shape).astype(np.float64)
+
+
+def check(got, expected, what: str) -> None:
+    if not np.array_equal(np.asarray(got), np.asarray(expected)):
+        raise AssertionError(f"WRONG RESULT in {what}: got {got!r}, expected {expected!r}")
+
+
+def run_step(hvd, trial: dict, step: int, kind: str) -> None:
+    seed, me, n = trial["seed"], hvd.rank(), hvd.size()
+    name = f"s{step}.{kind}"
+    faulty = me == trial["rank"] and step == trial["at"]
+    rng = np.random.default_rng([seed, step])  # the same on every rank
+    shape = (int(rng.integers(1, 6)), 3)
+    mine = values(seed, step, me, shape)
+    every = [values(seed, step, r, shape) for r in range(n)]
+    if kind == "allreduce":
+        check(hvd.allreduce(mine, op=hvd.Sum, name=name), sum(every), name)
+    elif kind == "async":
+        count = int(rng.integers(1, 5))
+        order = np.random.default_rng([seed, step, me]).permutation(count)  # per rank
+        handles = {}
+        for j in order:
+            x = values(seed, step * 10 + j, me, shape)
+            handles[j] = hvd.allreduce_async(x, op=hvd.Sum, name=f"{name}.{j}")
+        for j in reversed(order):
+            expected = sum(values(seed, step * 10 + j, r, shape) for r in range(n))
+            check(hvd.synchronize(handles[j]), expected, f"{name}.{j}")
+    elif kind == "allgather":
+        rows = [values(seed, step, r, (r + 1, 2)) for r in range(n)]
+        check(hvd.allgather(rows[me], name=name), np.concatenate(rows), name)
+    elif kind == "broadcast":
+        root = step % n
+        check(hvd.broadcast(mine, root_rank=root, name=name), every[root], name)
+    elif kind == "alltoall":
+        sent = [values(seed, step, r, (n, 2)) for r in range(n)]
+        check(hvd.alltoall(sent[me], name=name), np.stack([s[me] for s in sent]), name)
+    elif kind == "reducescatter":
+        full = [values(seed, step, r, (2 * n, 3)) for r in range(n)]
+        got = hvd.reducescatter(full[me], op=hvd.Sum, name=name)
+        check(got, sum(full)[2 * me : 2 * me + 2], name)
+    elif kind == "grouped":
+        parts = [[values(seed, step * 10 + j, r, (j + 1,)) for j in range(3)] for r in range(n)]
+        got = hvd.grouped_allreduce(parts[me], op=hvd.Sum, name=name)
+        for j in range(3):
+            check(got[j], sum(p[j] for p in parts), f"{name}.{j}")
+    elif kind == "barrier":
+        hvd.barrier()
+    elif kind == "process_set":
+        members = sorted({int(r) for r in rng.choice(n, size=int(rng.integers(1, n + 1)))})
+        subset = hvd.add_process_set(members)
+        if me in members:
+            got = hvd.allreduce(mine, op=hvd.Sum, name=name, process_set=subset)
+            check(got, sum(every[r] for r in members), name)
+        hvd.remove_process_set(subset)
+    elif kind == "join":
+        counts = [1 + (r + step) % 3 for r in range(n)]
+        for i in range(counts[me]):
+            x = values(seed, step * 10 + i, me, shape)
+            expected = sum(values(seed, step * 10 + i, r, shape) for r in range(n) if counts[r] > i)
+            check(hvd.allreduce(x, op=hvd.Sum, name=f"{name}.{i}"), expected, f"{name}.{i}")
+        last = hvd.join()
+        check(last, max(r for r in range(n) if counts[r] == max(counts)), f"{name} last rank")
+    elif kind == "probe":
+        probe(hvd, trial, step, mine, faulty)
+    elif kind == "torch":
+        torch_steps(trial, step)
+
+
+def probe(hvd, trial: dict, step: int, mine, faulty: bool) -> None:
+    """The collective a mismatch fault is injected into: an all-reduce, sync or async."""
+    name, fault = f"s{step}.probe", trial["fault"]
+    asynchronous = trial["seed"] % 2 == 1
+    x, kind = mine, "allreduce"
+    if faulty:
+        announce_fault()
+        if fault == "shape":
+            x = np.ones(mine.size + 1)
+        elif fault == "dtype":
+            x = mine.astype(np.float32)
+        elif fault == "name":
+            name = f"s{step}.other"
+        elif fault == "collective":
+            kind = "allgather"
+        elif fault == "way":
+            asynchronous = not asynchronous
+    if asynchronous:
+        call = hvd.allreduce_async if kind == "allreduce" else hvd.allgather_async
+        hvd.synchronize(call(x, name=name))
+    else:
+        (hvd.allreduce if kind == "allreduce" else hvd.allgather)(x, name=name)
+
+
+def torch_steps(trial: dict, step: int) -> None:
+    """Three steps of the DistributedOptimizer, checked against one process on the whole batch."""
+    import torch  # noqa: I001 - the framework first, then its binding
+
+    import horovodlite.torch as hvt
+
+    me, n = hvt.rank(), hvt.size()
+
+    def model():
+        torch.manual_seed(trial["seed"])
+        return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+    generator = torch.Generator().manual_seed(trial["seed"] + step)
+    batches = [
+        (torch.randn(2 * n, 4, generator=generator), torch.randn(2 * n, 1, generator=generator))
+        for _ in range(3)
+    ]
+    single, mine = model(), model()
+    reference = torch.optim.SGD(single.parameters(), lr=0.1)
+    optimizer = hvt.DistributedOptimizer(
+        torch.optim.SGD(mine.parameters(), lr=0.1), named_parameters=mine.named_parameters()
+    )
+    for x, y in batches:
+        reference.zero_grad()
+        torch.nn.functional.mse_loss(single(x), y).backward()
+        reference.step()
+        optimizer.zero_grad()
+        part = slice(2 * me, 2 * me + 2)
+        torch.nn.functional.mse_loss(mine(x[part]), y[part]).backward()
+        optimizer.step()
+    for a, b in zip(single.parameters(), mine.parameters()):
+        if not torch.allclose(a, b, rtol=1e-5, atol=1e-6):
+            raise AssertionError(f"WRONG RESULT in s{step}.torch: parameters differ")
+
+
+def announce_fault() -> None:
+    """Tell the driver when the fault happens: the time to end is counted from here."""
+    sys.stdout.write(f"FAULT AT {time.time():.3f}\n")
+    sys.stdout.flush()
+
+
+def inject(hvd, trial: dict) -> None:
+    """Do the trial's fault on the faulty rank, before the faulty step's collective."""
+    fault = trial["fault"]
+    announce_fault()
+    if fault == "sys_exit":
+        sys.exit(3)
+    if fault == "os_exit":
+        os._exit(3)
+    if fault == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "exception":
+        raise RuntimeError("the fault campaign's injected exception")
+    if fault == "shutdown":
+        hvd.shutdown()  # and carry on: this rank's next collective raises
+    if fault == "stall":
+        time.sleep(TIMEOUT + 4)
+
+
+def worker(seed: int) -> None:
+    import horovodlite as hvd
+
+    trial = draw(seed)
+    if "torch" in trial["steps"]:
+        import horovodlite.torch  # noqa: F401 - seconds on a loaded machine: not inside a step
+    hvd.init()
+    me, start, step = hvd.rank(), time.monotonic(), -1
+    try:
+        for step, kind in enumerate(trial["steps"]):
+            if me == trial["rank"] and step == trial["at"] and trial["fault"] in EXITS + ["stall"]:
+                inject(hvd, trial)
+            run_step(hvd, trial, step, kind)
+    except Exception as exc:
+        # One write per line: the ranks' lines reach the launcher's output whole.
+        took = time.monotonic() - start
+        sys.stdout.write(f"RANK {me} ERROR at step {step} after {took:.1f} s: "
+                         f"{type(exc).__name__}: {exc}\n")  # fmt: skip
+        sys.stdout.flush()
+        raise
+    sys.stdout.write(f"RANK {me} OK\n")
+    sys.stdout.flush()
+
+
+# -- the driver ------------------------------------------------------------------------------------
+
+
+def run_trial(seed: int, verbose: bool = False) -> dict:
+    trial = draw(seed)
+    env = dict(os.environ, HOROVODLITE_COLLECTIVE_TIMEOUT=str(TIMEOUT), PYTHONUNBUFFERED="1")
+    argv = [sys.executable, "-m", "horovodlite.run", "-np", str(trial["np"]), sys.executable,
+            os.path.abspath(__file__), "--worker", str(seed)]  # fmt: skip
+    busy = []
+    if trial["fault"] == "load":
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=HANG)
+        code, ended = proc.returncode, time.time()
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, code, ended = proc.communicate()[0], None, time.time()
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    seconds = time.monotonic() - start
+    fault_at = re.search(r"FAULT AT ([0-9.]+)", out)
+    if fault_at:  # from the fault to the end of the job (start-up and imports vary with load)
+        seconds = ended - float(fault_at.group(1))
+    outcome, why = judge(trial, code, out, seconds)
+    if verbose or outcome not in ("correct", "error named"):
+        print(out[-6000:], file=sys.stderr)
+    return {**trial, "outcome": outcome, "why": why, "seconds": round(seconds, 2), "status": code}
+
+
+def judge(trial: dict, code, out: str, seconds: float) -> tuple:
+    """Return (outcome, reason) of a finished trial."""
+    n, fault, bad = trial["np"], trial["fault"], trial["rank"]
+    if code is None:
+        return "hang", f"killed after {HANG:.0f} s"
+    if "WRONG RESULT" in out:
+        return "wrong", "a rank computed a wrong result"
+    if fault in ("none", "load"):
+        oks = [f"RANK {r} OK" in out for r in range(n)]
+        return ("correct", "") if code == 0 and all(oks) else ("failed", f"status {code}")
+    if code == 0:
+        return "silent", "the job ended with status 0 despite the fault"
+    if seconds > BOUND:
+        return "late", f"ended after {seconds:.0f} s"
+    if fault in ("os_exit", "sigkill"):  # no Python in the rank: the launcher names it
+        named = f"rank {bad} (pid" in out and "ended without leaving horovodlite" in out
+        return ("error named", "") if named else ("error unnamed", "launcher did not name it")
+    survivors = [r for r in range(n) if r != bad or fault in MISMATCHES]
+    for r in survivors:
+        found = re.search(rf"RANK {r} ERROR at step \d+ after [0-9.]+ s: (.*)", out)
+        if found is None:
+            return "error unnamed", f"rank {r} printed no error"
+        text = found.group(1)
+        names_rank = r == bad or re.search(rf"\branks? (\d+, )*{bad}\b", text)
+        if not (names_rank and COLLECTIVE_WORDS.search(text)):
+            return "error unnamed", f"rank {r}: {text[:300]}"
+    return "error named", ""
+
+
+def table(results: list) -> str:
+    """Return the Markdown table fault x outcome x time to end."""
+    lines = ["| fault | trials | outcome | time to end, s (median / max) |", "|---|---|---|---|"]
+    for fault in FAULTS:
+        mine = [r for r in results if r["fault"] == fault]
+        for outcome in sorted({r["outcome"] for r in mine}):
+            times = sorted(r["seconds"] for r in mine if r["outcome"] == outcome)
+            count = len(times)
+            lines.append(f"| {fault} | {count} | {outcome} | "
+                         f"{times[count // 2]:.1f} / {times[-1]:.1f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--trials", type=int, default=300)
+    parser.add_argument("--first", type=int, default=0, help="seed of the first trial")
+    parser.add_argument("--seed", type=int, help="run only this trial, verbosely")
+    parser.add_argument("--out", help="write every trial's result here (JSON)")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args()
+    if args.worker is not None:
+        return worker(args.worker)
+    seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.trials)
+    results = []
+    for seed in seeds:
+        result = run_trial(seed, args.verbose or args.seed is not None)
+        results.append(result)
+        print(f"seed {seed}: {result['np']} ranks, {result['fault']} by rank {result['rank']} at "
+              f"step {result['at']} of {result['steps']}: {result['outcome']} in "
+              f"{result['seconds']:.1f} s {result['why']}", flush=True)  # fmt: skip
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"timeout": TIMEOUT, "bound": BOUND, "results": results}, f, indent=1)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
