@@ -84,10 +84,14 @@ def start(model: torch.nn.Module, optimizer, servers: int = 1, staleness=None,
         [_digest(p) for _, p in named],
         startup.host_facts(os.getpid()),
     )
-    shared = startup.agree(comm, error, facts)
-    if any(f[0] != shared[0][0] for f in shared):
-        raise ValueError(f"(servers, staleness) differ between ranks: {[f[0] for f in shared]}")
-    startup.check_same_parameters([f[1] for f in shared], [n for n, _ in named])
+    try:
+        shared = startup.agree(comm, error, facts)
+        if any(f[0] != shared[0][0] for f in shared):
+            raise ValueError(f"(servers, staleness) differ between ranks: {[f[0] for f in shared]}")
+        startup.check_same_parameters([f[1] for f in shared], [n for n, _ in named])
+    except (TypeError, ValueError, RuntimeError):
+        comm.Free()
+        raise
     me = startup.host_facts(os.getpid())[0]
     peers = {r: Peer(r, host, pid, host == me) for r, (_, _, (host, pid)) in enumerate(shared)}
     server_ranks, worker_ranks = startup.roles(comm.size, servers)
@@ -123,7 +127,7 @@ class Server:
     def serve(self) -> dict:
         """Serve until every worker has finished or died; return this server's summary."""
         self.report = self.loop.serve()
-        _log.info("parameter server rank %d: %s", self.loop.comm.rank, self.report)
+        _log.info("parameter server rank %d: %s", self.report["rank"], self.report)
         if self.report["dead_workers"]:
             _end_without_finalize()
         return self.report

@@ -74,6 +74,8 @@ class ServerLoop:
         for worker in sorted(self.finished):
             self._send(worker, p.FINAL, final)
         wait_for(lambda: True if self._prune_sends() == 0 else None, self._check_finished)
+        if not self.clocks.dead:
+            self.comm.Free()  # nothing in flight; after a death, sends to it never complete
         return summary
 
     # -- messages -----------------------------------------------------------------------------

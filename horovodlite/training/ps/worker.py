@@ -94,6 +94,7 @@ class WorkerClient:
             self._send(server, p.DONE, None)
         finals = [self._receive(s, p.FINAL, "the end of training") for s in self.servers]
         self._complete_sends()
+        self.comm.Free()  # every message to and from this worker has arrived
         return finals
 
     # -- plumbing -----------------------------------------------------------------------------
