@@ -33,7 +33,7 @@ VALID_BUT_DIFFERENT = [
     ("dtype", lambda: hvd.allreduce(np.ones(3, on_odd(np.float64, np.float32)), name="w"),
      "dtype", "'float64'", "'float32'", "allreduce 'w'"),
     ("name", lambda: hvd.allreduce(np.ones(3), name=on_odd("bias", "weight")),
-     "name", "'bias'", "'weight'", "collective"),
+     "name", "'bias'", "'weight'", "allreduce"),
     ("op", lambda: hvd.allreduce(np.ones(3), op=on_odd(hvd.Min, hvd.Sum)),
      "op", "'MIN'", "'SUM'", "allreduce (unnamed)"),
     ("prescale", lambda: hvd.allreduce(np.ones(3), prescale_factor=on_odd(2.0, 1.0)),
