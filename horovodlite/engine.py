@@ -40,6 +40,9 @@ _log = logging.getLogger("horovodlite")
 _CACHE_LIMIT = 4096  # entries; past it the cache is cleared (on every rank at once)
 _MEETING_CHECK = 1.0  # seconds pending before a request is checked against synchronous waiters
 _RECHECK = 0.25  # seconds between full exchanges that tell who a waited-for request misses
+# Seconds in synchronize() before a request is checked against ranks blocked in a synchronous
+# collective: another thread of theirs might still submit it, late on a loaded machine.
+_CROSSED_CHECK = 2.0
 _MAX_GATHER = 0.05  # seconds a rank without a spare core may hold requests nobody waits for
 _NEGOTIATION = -1  # the negotiation's identity for the Watch; digests are never negative
 
@@ -83,10 +86,9 @@ class Engine:
         self._join_done = threading.Event()
         self._join_result = None
         self._joined_before: set = set()
-        self._last_stall_report = 0.0
+        self._last_stall_report = self._last_recheck = 0.0
         self._first_seen: dict = {}  # key -> when a full exchange first showed it incomplete
         self._missing: dict = {}  # key -> ranks the last full exchange found missing
-        self._last_recheck = 0.0
         self.cycles = 0
         if settings.timeline and self.comm.rank == 0:
             self.timeline = Timeline(settings.timeline, settings.timeline_mark_cycles)
@@ -293,7 +295,7 @@ class Engine:
         """Fail a request waited for here that ranks blocked in a synchronous collective miss."""
         for key, request in list(self._pending.items()):
             missing = self._missing.get(key)
-            if missing and request.waited is not None and now - request.waited > _MEETING_CHECK:
+            if missing and request.waited is not None and now - request.waited > _CROSSED_CHECK:
                 error = self.state.watch.crossed(describe(request.plan.fields), missing)
                 if error is not None:
                     del self._pending[key]
