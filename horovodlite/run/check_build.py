@@ -9,7 +9,7 @@ from .mpi_launcher import FLAVOUR_NAMES, detect_flavour, find_mpiexec
 
 __all__ = ["FRAMEWORKS", "build_report"]
 
-FRAMEWORKS = ("torch", "tensorflow", "keras", "cupy")
+FRAMEWORKS = ("torch", "tensorflow", "keras", "pytorch_lightning", "cupy")
 
 
 def _importable(module: str) -> tuple:
