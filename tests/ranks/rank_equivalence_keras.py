@@ -168,7 +168,8 @@ def test_callback_broadcasts_before_the_first_step():
     class Spy(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
             if batch == 0:
-                seen.append((self.model.get_weights(), self.model.optimizer.iterations))
+                iterations = keras.ops.convert_to_numpy(self.model.optimizer.iterations)
+                seen.append((self.model.get_weights(), int(iterations)))
 
     callback = hvd.callbacks.BroadcastGlobalVariablesCallback(0)
     x = np.ones((2, 4))
@@ -176,7 +177,7 @@ def test_callback_broadcasts_before_the_first_step():
     (weights, iterations), *_ = seen
     for got, want in zip(weights, start):
         np.testing.assert_array_equal(got, want)
-    assert int(keras.ops.convert_to_numpy(iterations)) == 0
+    assert iterations == 0
     assert callback.broadcast_done
 
 
