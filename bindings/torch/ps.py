@@ -77,7 +77,7 @@ def start(model: torch.nn.Module, optimizer, servers: int = 1, staleness=None,
         if sparse_names:
             _check_optimizer(sparse_optimizer or optimizer, named[0][1].dtype,
                              "sparse_optimizer", sparse=True)  # fmt: skip
-    except (TypeError, ValueError) as e:
+    except Exception as e:  # any mistake travels to every rank, then raises everywhere
         error = e
     facts = (
         repr((servers, staleness)),
