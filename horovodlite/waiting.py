@@ -147,7 +147,9 @@ class Watch:
             waiters = sorted(self._waiting.get(identity, ()))
         if not waiters:
             return None
-        self._notify(_MISMATCH, identity, waiters)
+        # Every rank, not only those whose waiting notice came: the others waiting there learn
+        # it too (the job is torn down, so a rank that is not there never meets a stale one).
+        self._notify(_MISMATCH, identity, range(self.comm.size))
         me = self.comm.rank
         return MismatchError(
             f"{what}: rank {me} submitted it asynchronously while {_ranks(waiters)} called it "
@@ -183,8 +185,8 @@ class Watch:
             "neither side can go on. Every rank must call the same collectives in the same order, "
             "each the same way (synchronous, or *_async then synchronize); the job is torn down"
         )
-        for identity, _, ranks in blocked:
-            self._notify(_CROSSED, identity, ranks, message)
+        for identity, _, _ in blocked:  # every rank: as in held_async()
+            self._notify(_CROSSED, identity, range(self.comm.size), message)
         teardown_later(message)
         return MismatchError(message)
 

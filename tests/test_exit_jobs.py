@@ -74,6 +74,15 @@ def test_a_sync_and_an_async_call_under_one_name_raise_everywhere(np):
     _check_survivors(out, range(1, np), "asynchronously while rank 0 called it synchronously")
 
 
+@pytest.mark.parametrize("np", [3, 4])
+def test_one_async_call_against_synchronous_ones_raises_everywhere(np):
+    # Fault campaign seed 36: only the waiting ranks whose notice had come were told, and the
+    # others were torn down without an error of their own.
+    out = job(np, "sync_meets_async.py", "reverse").stdout
+    _check_survivors(out, [0], "rank 0 submitted it asynchronously while ranks? [0-9, ]+ called it")
+    _check_survivors(out, range(1, np), "submitted it asynchronously .* called it synchronously")
+
+
 @pytest.mark.parametrize("np", [2, 3, 4])
 @pytest.mark.parametrize("call", ["allreduce", "barrier", "remove_process_set"])
 def test_a_sync_call_against_an_async_wait_under_another_name_raises_everywhere(call, np):

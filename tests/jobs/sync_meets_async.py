@@ -2,7 +2,8 @@
 
 argv[1] says which synchronous call rank 0 makes: "same" (an all-reduce under the async one's
 own name), "allreduce" (under another name), "barrier", or "remove_process_set" (an internal
-agreement over all ranks). Neither side can go on: every rank must raise MismatchError naming
+agreement over all ranks); or "reverse": rank 0 waits on the asynchronous all-reduce 'g' and
+the others call it synchronously. Neither side can go on: every rank must raise MismatchError naming
 the ranks and both collectives, and the job is torn down even where the error is caught.
 """
 
@@ -20,7 +21,14 @@ process_set = hvd.add_process_set(list(range(hvd.size())))
 hvd.allreduce(np.ones(2), name="warm")
 start = time.monotonic()
 try:
-    if rank == 0:
+    if how == "reverse":
+        if rank == 0:
+            hvd.synchronize(hvd.allreduce_async(np.ones(3), name="g"))
+        else:
+            if rank == hvd.size() - 1:
+                time.sleep(1.5)  # arrives after rank 0 found the others: it must learn it too
+            hvd.allreduce(np.ones(3), name="g")
+    elif rank == 0:
         if how == "same":
             hvd.allreduce(np.ones(3), name="g")
         elif how == "allreduce":
