@@ -17,7 +17,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(ROOT, "tests", "jobs", "allocation_ranks.py")
-DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo")
+DAEMONS = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "sinfo")
 
 _CONF = """\
 ClusterName=horovodlite
@@ -55,6 +55,31 @@ def _stop(pidfile: str) -> None:
         pass
 
 
+def _stop_steps(folder) -> None:
+    """End this cluster's job steps: wait for their sockets to go, then stop what remains.
+
+    A step's slurmstepd can outlive its tasks (seen after `srun --mpi=none`); it is this
+    cluster's if it holds the cluster's slurmd.log open.
+    """
+    deadline = time.monotonic() + 10
+    while list((folder / "spool").glob("*_*.*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    log = str(folder / "slurmd.log")
+    slurmd = (folder / "slurmd.pid").read_text().strip() if (folder / "slurmd.pid").exists() else ""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if pid == slurmd:
+            continue
+        try:
+            held = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        except OSError:
+            continue
+        if log in held:
+            try:
+                os.kill(int(pid), 9)
+            except OSError:
+                pass
+
+
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     """Start a one-node Slurm cluster; yield the environment that reaches it."""
@@ -73,16 +98,20 @@ def slurm(tmp_path_factory):
     conf.write_text(_CONF.format(host=host, dir=folder, cpus=os.cpu_count() or 1))
     env = dict(os.environ, SLURM_CONF=str(conf))
     munged = None
-    if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode != 0:
+    # A munged that answers (`munge -n` encodes a credential) is used; else one is started.
+    if subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:
         os.makedirs("/run/munge", exist_ok=True)
         munged = folder / "munged.pid"
         started = subprocess.run(["munged", "--force", f"--pid-file={munged}"],
                                  capture_output=True, text=True)  # fmt: skip
         if started.returncode != 0:
             pytest.skip(f"munged does not start here: {started.stderr.strip()}")
-    subprocess.run(["slurmctld", "-c"], env=env, check=True, timeout=30)
-    subprocess.run(["slurmd"], env=env, check=True, timeout=30)
     try:
+        for daemon in (["slurmctld", "-c"], ["slurmd"]):
+            started = subprocess.run(daemon, env=env, capture_output=True, text=True, timeout=30)
+            if started.returncode != 0:
+                logs = "".join(p.read_text() for p in folder.glob("*.log"))
+                pytest.fail(f"{daemon[0]} did not start: {started.stderr}\n{logs}")
         deadline = time.monotonic() + 30
         while True:
             state = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True,
@@ -95,6 +124,7 @@ def slurm(tmp_path_factory):
             time.sleep(0.5)
         yield env
     finally:
+        _stop_steps(folder)
         _stop(str(folder / "slurmd.pid"))
         _stop(str(folder / "slurmctld.pid"))
         if munged is not None:
