@@ -542,13 +542,16 @@ def test_the_idle_engine_runs_no_cycle():
     hvd.barrier()
     assert cycles == 0
     # After work, the cycle that finds every rank idle puts every engine to sleep. When that
-    # cycle comes depends on the load; that it comes, and no cycle after it, is the point.
+    # cycle comes depends on the load; that it comes, and no cycle after it, is the point. The
+    # engine counts the sleep before it sleeps (no cycle comes after that), so wait for the
+    # count, not for the cycles to look still for a while (a descheduled engine looks still).
+    sleeps = engine()._wakeup.sleeps
     hvd.synchronize(hvd.allreduce_async(np.ones(2), name="idle.work"))
-    before, deadline = -1, time.monotonic() + 30
-    while engine().cycles != before and time.monotonic() < deadline:
-        before = engine().cycles
-        time.sleep(0.2)
-    assert before > 0
+    deadline = time.monotonic() + 120  # a guard against a hang only
+    while engine()._wakeup.sleeps == sleeps and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine()._wakeup.sleeps == sleeps + 1
+    assert engine().cycles > 0
     # The same second on every rank (barriers are synchronous: they do not wake the engines),
     # so no rank's next step lands in another rank's idle second.
     hvd.barrier()
