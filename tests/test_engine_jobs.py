@@ -135,8 +135,9 @@ def test_stall_warning_names_the_tensor_and_the_missing_rank(np):
     )
     for rank in range(np):
         assert f"rank {rank} finished" in result.stdout
-    # One warning per rank and stall check period, not one per cycle.
-    assert result.stdout.count(STALL_WARNING) <= 2 * np, result.stdout
+    # One warning per rank and stall check period (1 s), not one per cycle (thousands): how many
+    # periods pass before the late rank submits depends on the load, so only a loose bound.
+    assert result.stdout.count(STALL_WARNING) <= 10 * np, result.stdout
 
 
 def test_stall_shutdown_raises_on_every_rank():
