@@ -134,6 +134,28 @@ def test_accumulated_gradients_equal_one_process(steps):
     assert_same_parameters(model, reference(x, y, epochs=2, accumulate=2))
 
 
+class ManualRegression(Regression):
+    """The same model, stepped by hand (Lightning's manual optimization)."""
+
+    def __init__(self, seed: int):
+        super().__init__(seed)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        x, y = batch
+        self.manual_backward(torch.nn.functional.mse_loss(self(x), y))
+        optimizer.step()
+
+
+def test_manual_optimization_equals_one_process():
+    x, y = data(steps=3)
+    model = ManualRegression(seed=RANK)
+    trainer(max_epochs=2).fit(model, loader(x, y))
+    assert_same_parameters(model, reference(x, y, epochs=2))
+
+
 def test_gradient_clipping_sees_the_averaged_gradients():
     x, y = data(steps=2)
     model = Regression(seed=RANK)
