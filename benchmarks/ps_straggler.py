@@ -44,7 +44,7 @@ def parse_args(argv=None):
     parser.add_argument("--np", type=int, default=4)
     parser.add_argument("--servers", type=int, default=1)
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--batch-size", type=int, default=32, help="rows per worker step")
     parser.add_argument("--lr", type=float, default=0.3)
     parser.add_argument("--compute-ms", type=float, default=10.0)
@@ -52,6 +52,7 @@ def parse_args(argv=None):
     parser.add_argument("--target-loss", type=float, default=0.5)
     parser.add_argument("--target-accuracy", type=float, default=0.87)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cases", default="equal,slow", help="equal workers, one 2x slower")
     parser.add_argument("--embedding", action="store_true")
     parser.add_argument("--link", action="store_true")
     parser.add_argument("--output", default=os.path.join(RESULTS, "ps_straggler.json"))
@@ -95,8 +96,7 @@ def train_job(args) -> None:
         job = hvd.ps.start(net, sgd, servers=args.servers, staleness=STALENESS[mode])
         workers = size - args.servers
         if job.is_server:
-            report = job.serve()
-            print("SERVER " + json.dumps(report), flush=True)
+            job.serve()  # its report reaches the workers with the final parameters
             return
     rank, slow = hvd.rank(), args.slow and hvd.rank() == workers - 1
     generator = torch.Generator().manual_seed(rank)
@@ -122,7 +122,8 @@ def train_job(args) -> None:
     seconds = time.perf_counter() - start
     report = job.finish() if job is not None else None
     if rank == 0:
-        print("WORKER " + json.dumps({"curve": curve, "seconds": seconds, "report": report}))
+        print("WORKER " + json.dumps({"curve": curve, "seconds": seconds, "report": report}),
+              flush=True)  # fmt: skip
 
 
 def embedding_job(args) -> None:
@@ -156,7 +157,7 @@ def embedding_job(args) -> None:
             "worker_bytes_per_step": moved / steps,
             "dense_bytes_per_step": 2 * model_bytes,  # pull and push of the whole model
             "server_bytes_moved": report["bytes_moved"], "pushes_per_s": report["pushes_per_s"],
-        }))  # fmt: skip
+        }), flush=True)  # fmt: skip
 
 
 def link_job(args) -> None:
@@ -192,7 +193,7 @@ def link_job(args) -> None:
         results["shard_bytes"] = shard.nbytes
         results["p2p_gbytes_per_s"] = shard.nbytes / results["p2p_pull_us"] / 1e3
         results["get_gbytes_per_s"] = shard.nbytes / results["get_pull_us"] / 1e3
-        print("LINK " + json.dumps(results))
+        print("LINK " + json.dumps(results), flush=True)
 
 
 # -- the driver -------------------------------------------------------------------------------
@@ -210,8 +211,10 @@ def launch(args, job: str, slow=False, np=None) -> list:
     return out.stdout.splitlines()
 
 
-def tagged(lines: list, tag: str) -> list:
-    return [line[len(tag) :] for line in lines if line.startswith(tag)]
+def tagged(lines: list, tag: str):
+    """The JSON object after `tag` (another rank's output may follow it on the line)."""
+    line = next(line for line in lines if line.startswith(tag))
+    return json.JSONDecoder().raw_decode(line[len(tag) :])[0]
 
 
 def time_to_target(curve, args):
@@ -225,8 +228,8 @@ def run_mode(args, mode: str, slow: bool) -> dict:
     runs = []
     for _ in range(args.repeats):
         lines = launch(args, mode, slow)
-        worker = json.loads(tagged(lines, "WORKER ")[0])
-        servers = [json.loads(line) for line in tagged(lines, "SERVER ")]
+        worker = tagged(lines, "WORKER ")
+        servers = worker["report"]["servers"] if worker["report"] else []
         seconds, step = time_to_target(worker["curve"], args)
         runs.append({"time_to_target_s": seconds, "steps_to_target": step,
                      "run_s": worker["seconds"], "final": worker["curve"][-1],
@@ -293,18 +296,18 @@ def main(argv=None) -> None:
     load = os.getloadavg()
     output = {"settings": {k: v for k, v in vars(args).items() if k not in ("job", "slow")},
               "results": []}  # fmt: skip
-    for slow in (False, True):
+    for slow in [case == "slow" for case in args.cases.split(",")]:
         for mode in args.modes.split(","):
             result = run_mode(args, mode, slow)
             output["results"].append(result)
             print(json.dumps({k: v for k, v in result.items() if k != "runs"}), flush=True)
     if args.embedding:
         lines = launch(args, "embedding")
-        output["embedding"] = json.loads(tagged(lines, "EMBEDDING ")[0])
+        output["embedding"] = tagged(lines, "EMBEDDING ")
         print(output["embedding"], flush=True)
     if args.link:
         lines = launch(args, "link", np=2)
-        output["link"] = json.loads(tagged(lines, "LINK ")[0])
+        output["link"] = tagged(lines, "LINK ")
         print(output["link"], flush=True)
     output["load_average_1min_before_after"] = [load[0], os.getloadavg()[0]]
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
