@@ -138,8 +138,9 @@ def test_asynchronous_and_bounded_staleness_reach_the_synchronous_accuracy_on_di
     assert bounded >= synchronous - MARGIN, (bounded, synchronous)
     workers = hvd.size() - 1
     assert report["pushes"] == bounded_report["pushes"] == STEPS * workers
-    # A push's staleness counts the updates in between: at most (s + 1) * workers - 1.
-    assert bounded_report["staleness_max"] <= 3 * workers - 1
+    # A push's staleness counts the others' updates in between: each other worker was at least
+    # s steps behind at the pull and at most s + 1 ahead at the push: (workers - 1)(2s + 1).
+    assert bounded_report["staleness_max"] <= (workers - 1) * 5
 
 
 @pytest.mark.skipif(MPI.COMM_WORLD.size < 3, reason="a late worker and another one")
