@@ -182,7 +182,7 @@ def test_callback_broadcasts_before_the_first_step():
 
 
 @settings(
-    max_examples=3,
+    max_examples=2,
     deadline=None,
     derandomize=True,
     database=None,
