@@ -175,8 +175,10 @@ class Engine:
                 if not self._should_cycle(flushed):
                     continue  # no spare core to overlap with: wait until somebody waits
                 if not self._cycle() and self._stopped is None:
-                    # No rank had work: every engine sleeps now, until one has.
-                    self._wakeup.agreed_to_sleep()
+                    self._wakeup.agreed_to_sleep()  # no rank had work: all sleep till one has
+                    with self._lock:  # a submission or flush already served wakes nobody
+                        if not (self._incoming or self._joined or self._stop_requested):
+                            self._wakeup.clear()
                     self._wakeup.sleep()
         except Exception as exc:  # a bug or an MPI failure: fail loudly, never hang users
             _log.exception("horovodlite engine failed")
@@ -187,11 +189,9 @@ class Engine:
     def _should_cycle(self, flushed: bool) -> bool:
         """Return whether to cycle now, or to gather this rank's requests for longer.
 
-        With a spare core (`overlap`), or once somebody waits for a result, cycle. So does a
-        rank with no requests of its own (the others may wait for it), a joined one, one that
-        stops, and one whose oldest request has been gathered for _MAX_GATHER already: work
-        submitted and not waited for must still progress (Horovod's contract, and the stall
-        checks need cycles).
+        Cycle with a spare core (`overlap`), once somebody waits for a result, with no requests
+        of one's own (others may wait), joined, stopping, or once the oldest request has waited
+        _MAX_GATHER: work not waited for must progress (Horovod's contract; stall checks).
         """
         if flushed or self.overlap:
             return True

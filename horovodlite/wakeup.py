@@ -56,6 +56,12 @@ class Wakeup:
         """Wake this rank's engine if it sleeps: work was submitted."""
         self._work.set()
 
+    def clear(self) -> None:
+        """Forget work and waiters seen so far: the cycle that put the engines to sleep served
+        them (a thread waiting in synchronize() flushes until its result came)."""
+        self._work.clear()
+        self._flush.clear()
+
     def flush(self) -> None:
         """Wake this rank's engine and end its pause: somebody waits for a result."""
         self._flush.set()
