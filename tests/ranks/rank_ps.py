@@ -131,8 +131,10 @@ def test_asynchronous_and_bounded_staleness_reach_the_synchronous_accuracy_on_di
     bounded, bounded_report = train_digits(2, late_ms=5)
     if synchronous is None:
         return
-    print(f"digits accuracy: synchronous {synchronous:.3f}, asynchronous {asynchronous:.3f}, "
-          f"staleness 2 {bounded:.3f}")
+    print(
+        f"digits accuracy: synchronous {synchronous:.3f}, asynchronous {asynchronous:.3f}, "
+        f"staleness 2 {bounded:.3f}"
+    )
     assert synchronous > 0.8
     assert asynchronous >= synchronous - MARGIN, (asynchronous, synchronous)
     assert bounded >= synchronous - MARGIN, (bounded, synchronous)

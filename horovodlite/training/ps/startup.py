@@ -24,15 +24,15 @@ def check_settings(size: int, servers, staleness) -> None:
     """Raise TypeError or ValueError on a server count or staleness that cannot run."""
     if isinstance(servers, bool) or not isinstance(servers, int):
         raise TypeError(f"servers must be an int, got {type(servers).__name__}")
+    if staleness is not None and (isinstance(staleness, bool) or not isinstance(staleness, int)):
+        raise TypeError(f"staleness must be None or an int, got {type(staleness).__name__}")
+    if staleness is not None and staleness < 0:
+        raise ValueError(f"staleness must be None (asynchronous) or >= 0, got {staleness}")
     if servers < 1 or servers >= size:
         raise ValueError(
             f"servers={servers} at {size} ranks leaves {size - servers} workers: "
             f"use 1 <= servers <= {size - 1} (every job needs at least one server and one worker)"
         )
-    if staleness is not None and (isinstance(staleness, bool) or not isinstance(staleness, int)):
-        raise TypeError(f"staleness must be None or an int, got {type(staleness).__name__}")
-    if staleness is not None and staleness < 0:
-        raise ValueError(f"staleness must be None (asynchronous) or >= 0, got {staleness}")
 
 
 def host_facts(pid: int) -> tuple:
