@@ -22,6 +22,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from .buffers import DTYPE_NAMES
 from .exceptions import HorovodLiteError, MismatchError
 from .waiting import default_wait
 
@@ -31,6 +32,7 @@ __all__ = [
     "JOINED",
     "agree",
     "all_agree",
+    "array_fields",
     "describe",
     "digest",
     "error_text",
@@ -50,6 +52,20 @@ FAILED = 0  # the digest a rank sends when its own arguments were bad
 # 2 KiB per rank at 2 ranks, 1 KiB at 4, nothing beyond 512 ranks. Gathering 4 KiB costs about
 # as much as all-reducing 16 bytes on shared memory (docs/benchmarks.md, small messages).
 INLINE_BUDGET_BYTES = 4096
+
+
+def array_fields(collective: str, name, array, *, trailing: bool = False, **extra) -> dict:
+    """Return what every rank must submit alike for `collective` on `array`, plus `extra`.
+
+    `trailing` compares the shape past dimension 0 only (for collectives whose row counts may
+    differ between ranks).
+    """
+    fields = {"collective": collective, "name": name, "dtype": DTYPE_NAMES[array.dtype]}
+    if trailing:
+        fields["trailing_shape"] = tuple(array.shape[1:])
+    else:
+        fields["shape"] = tuple(array.shape)
+    return {**fields, **extra}
 
 
 def inline_bytes(size: int) -> int:

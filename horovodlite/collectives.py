@@ -13,9 +13,8 @@ import math
 import numpy as np
 
 from . import algorithms, small_allreduce
-from .agreement import digest
+from .agreement import array_fields, digest
 from .algorithms.scratch import chunk_bounds
-from .buffers import DTYPE_NAMES
 from .checks import (
     check_reduction,
     check_rows,
@@ -220,16 +219,15 @@ def reducescatter_plan(
 
     parsed, error = checked(parse, bad_input)
     resolved, requested = parsed or (None, None)
-    fields = {
-        "collective": "reducescatter",
-        "name": name,
-        "dtype": DTYPE_NAMES[array.dtype],
-        "shape": tuple(array.shape),
-        "op": getattr(resolved, "name", None),
-        "prescale_factor": float(prescale_factor),
-        "postscale_factor": float(postscale_factor),
-        "algorithm": requested,
-    }
+    fields = array_fields(
+        "reducescatter",
+        name,
+        array,
+        op=getattr(resolved, "name", None),
+        prescale_factor=float(prescale_factor),
+        postscale_factor=float(postscale_factor),
+        algorithm=requested,
+    )
 
     def execute(comm, _):
         transport = select(settings, xp, resolved, array.dtype)
@@ -269,13 +267,7 @@ def broadcast_plan(
         return root_index(root_rank, ranks)
 
     root, error = checked(parse, bad_input)
-    fields = {
-        "collective": "broadcast",
-        "name": name,
-        "dtype": DTYPE_NAMES[array.dtype],
-        "shape": tuple(array.shape),
-        "root_rank": root_rank,
-    }
+    fields = array_fields("broadcast", name, array, root_rank=root_rank)
 
     def execute(comm, _):
         transport = select(current().settings, xp)
@@ -297,12 +289,7 @@ def allgather_plan(tensor, *, name=None, process_set=global_process_set) -> Plan
     """
     comm, ranks, array, xp, bad_input = prepare(tensor, process_set)
     _, error = checked(lambda: check_rows(array, "allgather"), bad_input)
-    fields = {
-        "collective": "allgather",
-        "name": name,
-        "dtype": DTYPE_NAMES[array.dtype],
-        "trailing_shape": tuple(array.shape[1:]),
-    }
+    fields = array_fields("allgather", name, array, trailing=True)
 
     def execute(comm, rows):
         transport = select(current().settings, xp)
@@ -338,12 +325,7 @@ def allgather_into_plan(out, rows, *, name=None, process_set=global_process_set)
             raise ValueError(f"rows must be an int in 0..{array.shape[0]}, got {rows!r}")
 
     _, error = checked(parse, bad_input)
-    fields = {
-        "collective": "allgather_into",
-        "name": name,
-        "dtype": DTYPE_NAMES[array.dtype],
-        "shape": tuple(array.shape),
-    }
+    fields = array_fields("allgather_into", name, array)
 
     def execute(comm, counts):
         if sum(counts) != array.shape[0]:  # the same sums on every rank: all raise alike
@@ -405,13 +387,7 @@ def alltoall_plan(tensor, splits=None, *, name=None, process_set=global_process_
         return _parse_splits(splits, array.shape[0], comm.size)
 
     send_splits, error = checked(parse, bad_input)
-    fields = {
-        "collective": "alltoall",
-        "name": name,
-        "dtype": DTYPE_NAMES[array.dtype],
-        "trailing_shape": tuple(array.shape[1:]),
-        "splits_given": splits is not None,
-    }
+    fields = array_fields("alltoall", name, array, trailing=True, splits_given=splits is not None)
 
     def execute(comm, _):
         received_splits = np.empty(comm.size, dtype=np.int64)

@@ -12,8 +12,9 @@ from contextlib import nullcontext
 import numpy as np
 
 from . import algorithms
+from .agreement import array_fields
 from .algorithms.scratch import scratch
-from .buffers import DTYPE_NAMES, DTYPES_BY_NAME, device_module, synchronize_device
+from .buffers import DTYPES_BY_NAME, device_module, synchronize_device
 from .ops import ReduceOp
 from .staging import deliver, flat_work, scale, staged
 from .state import current
@@ -49,17 +50,16 @@ def zeros_entry(fields: dict) -> FusionEntry:
 
 def allreduce_fields(name, array, op, prescale, postscale, requested, on_host: bool) -> dict:
     """Return what the ranks must agree on for an all-reduce (agreement.py)."""
-    return {
-        "collective": "allreduce",
-        "name": name,
-        "dtype": DTYPE_NAMES[array.dtype],
-        "shape": tuple(array.shape),
-        "op": getattr(op, "name", None),
-        "prescale_factor": float(prescale),
-        "postscale_factor": float(postscale),
-        "algorithm": requested,
-        "device": "cpu" if on_host else "cuda",
-    }
+    return array_fields(
+        "allreduce",
+        name,
+        array,
+        op=getattr(op, "name", None),
+        prescale_factor=float(prescale),
+        postscale_factor=float(postscale),
+        algorithm=requested,
+        device="cpu" if on_host else "cuda",
+    )
 
 
 def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> list:

@@ -45,6 +45,7 @@ __all__ = [
     "Inbox",
     "default_wait",
     "teardown_later",
+    "process_alive",
 ]
 
 _log = logging.getLogger("horovodlite")
@@ -411,3 +412,18 @@ def teardown_later(message: str, delay: float = _TEARDOWN_DELAY) -> None:
 def default_wait(request: MPI.Request) -> None:
     """Wait for `request` with no watch (a bare communicator, outside an initialized job)."""
     request.Wait()
+
+
+def process_alive(pid: int) -> bool:
+    """Return whether process `pid` of this host runs (a zombie counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True

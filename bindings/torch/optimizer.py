@@ -60,11 +60,7 @@ class _DistributedMixin:
     def _hvd_gradient_ready(self, param) -> None:
         group = self._hvd_group_of[param]
         if group in self._hvd_pending:
-            raise core.HorovodLiteError(
-                f"gradient of {self._hvd_names[param]!r} was computed more than "
-                f"backward_passes_per_step={self.backward_passes_per_step} times before step(): "
-                "raise backward_passes_per_step to accumulate gradients locally"
-            )
+            raise _accumulated_too_often(self._hvd_names[param], self.backward_passes_per_step)
         self._hvd_synchronized = False
         self._hvd_counts[param] += 1
         if self._hvd_counts[param] == self.backward_passes_per_step:
@@ -207,6 +203,14 @@ class _DistributedMixin:
         self.backward_passes_per_step = passes
         for param in self._hvd_counts:
             self._hvd_counts[param] = 0
+
+
+def _accumulated_too_often(name: str, passes: int) -> core.HorovodLiteError:
+    """The error for a gradient computed once more than `backward_passes_per_step` allows."""
+    return core.HorovodLiteError(
+        f"gradient of {name!r} was computed more than backward_passes_per_step={passes} times "
+        "before step(): raise backward_passes_per_step to accumulate gradients locally"
+    )
 
 
 def _parameter_names(params: list, named_parameters) -> dict:

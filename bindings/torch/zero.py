@@ -20,7 +20,7 @@ from horovodlite.training.sharding import plan_buckets
 from .compression import Compression
 from .functions import allgather_object
 from .mpi_ops import allreduce, allreduce_async_, reducescatter_async, synchronize
-from .optimizer import _DistributedMixin, _parameter_names
+from .optimizer import _accumulated_too_often, _DistributedMixin, _parameter_names
 from .tensors import TensorView
 
 __all__ = ["ZeroOptimizer"]
@@ -108,11 +108,8 @@ class _ZeroMixin:
     def _zero_gradient_ready(self, param: int) -> None:
         bucket = self._zero_bucket_of[param]
         if bucket in self._zero_pending:
-            raise core.HorovodLiteError(
-                f"gradient of {self._zero_names[param]!r} was computed more than "
-                f"backward_passes_per_step={self._zero_settings.backward_passes_per_step} times "
-                "before step(): raise backward_passes_per_step to accumulate gradients locally"
-            )
+            passes = self._zero_settings.backward_passes_per_step
+            raise _accumulated_too_often(self._zero_names[param], passes)
         self._zero_synchronized = False
         self._zero_had.add(param)
         self._zero_counts[param] += 1

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import tempfile
 
+from ..waiting import process_alive
 from .errors import LaunchError
 
 __all__ = [
@@ -27,7 +28,6 @@ __all__ = [
     "list_namespaces",
     "parse_delay",
     "parse_rate",
-    "pid_alive",
     "remove",
     "tc",
     "tool",
@@ -143,16 +143,6 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def list_namespaces() -> list:
     result = ip("netns", "list", check=False)
     return [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
@@ -205,7 +195,7 @@ def cleanup_stale() -> list:
 
     def dead(name: str) -> bool:
         match = _TAG.match(name)
-        return match is not None and not pid_alive(int(match.group(1), 16))
+        return match is not None and not process_alive(int(match.group(1), 16))
 
     namespaces = [n for n in list_namespaces() if dead(n)]
     links = [n for n in list_links() if dead(n)]

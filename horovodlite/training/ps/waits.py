@@ -14,27 +14,14 @@ import os
 import time
 from typing import Callable, Optional
 
-__all__ = ["wait_for", "process_alive", "Peer", "CHECK_EVERY"]
+from ...waiting import process_alive
+
+__all__ = ["wait_for", "Peer", "CHECK_EVERY"]
 
 _YIELD_SECONDS = 2e-3
 _FIRST_SLEEP, _MAX_SLEEP = 20e-6, 1e-3
 _LONG_WAIT, _LONG_SLEEP = 1.0, 10e-3
 CHECK_EVERY = 0.25  # seconds between liveness checks of the peers a wait depends on
-
-
-def process_alive(pid: int) -> bool:
-    """Return whether process `pid` of this host runs (a zombie counts as dead)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
 
 
 class Peer:
