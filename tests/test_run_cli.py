@@ -399,7 +399,8 @@ def test_missing_mpiexec_exits_1(monkeypatch, tmp_path, capsys):
 
 def test_check_build_report(monkeypatch):
     fake = {"torch": (True, "2.3.0"), "tensorflow": (False, "ModuleNotFoundError: no"),
-            "keras": (False, "ModuleNotFoundError: no"), "cupy": (True, "13.0.0")}  # fmt: skip
+            "keras": (False, "ModuleNotFoundError: no"), "cupy": (True, "13.0.0"),
+            "pytorch_lightning": (True, "2.6.6")}  # fmt: skip
     monkeypatch.setattr(check_build_module, "_importable", lambda module: fake[module])
     report = check_build_module.build_report()
     assert report.startswith(f"horovodlite v{horovodlite.__version__}:")
@@ -409,6 +410,7 @@ def test_check_build_report(monkeypatch):
     assert f"CUDA-aware MPI:  {'yes' if horovodlite.cuda_aware_mpi() else 'no'}" in report
     assert "    [X] torch (2.3.0)" in report and "    [ ] tensorflow (" in report
     assert "    [ ] keras (" in report and "    [X] cupy (13.0.0)" in report
+    assert "    [X] pytorch_lightning (2.6.6)" in report
 
 
 # -- real launches on this machine --------------------------------------------------------------
