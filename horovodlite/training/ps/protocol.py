@@ -10,6 +10,8 @@ which sends numpy arrays out of band, without copying them into the pickle. Work
   update `version` of this server; `dense` is a list of arrays (one per dense piece), `sparse`
   `{index: (rows, values)}`.
 - DONE: I have finished; answer with FINAL once every worker has.
+- BYE: I have your FINAL; you may leave (a server that left before its FINAL was read would
+  look, to a worker still waiting for another server's, like a server that died).
 
 Server to worker: PARAMS `(version, dense)`, ROW_VALUES `{index: values}`, FINAL `(version,
 dense, sparse, stats, dead workers)`.
@@ -17,9 +19,9 @@ dense, sparse, stats, dead workers)`.
 
 import numpy as np
 
-__all__ = ["PULL", "ROWS", "PUSH", "DONE", "PARAMS", "ROW_VALUES", "FINAL", "payload_bytes"]
+__all__ = ["PULL", "ROWS", "PUSH", "DONE", "BYE", "PARAMS", "ROW_VALUES", "FINAL", "payload_bytes"]
 
-PULL, ROWS, PUSH, DONE = 11, 12, 13, 14
+PULL, ROWS, PUSH, DONE, BYE = 11, 12, 13, 14, 15
 PARAMS, ROW_VALUES, FINAL = 21, 22, 23
 
 

@@ -47,6 +47,7 @@ class ServerLoop:
         self.finished: set = set()  # workers that sent DONE
         self.step_pushes: dict = {}  # synchronous: worker -> its push of the open step
         self._sends: list = []  # (destination, pkl5 request), kept until complete
+        self._byes: set = set()  # finished workers that have read their FINAL
 
     def serve(self) -> dict:
         """Run until every worker has finished or died; return this server's summary."""
@@ -73,7 +74,9 @@ class ServerLoop:
                  sorted(self.clocks.dead))  # fmt: skip
         for worker in sorted(self.finished):
             self._send(worker, p.FINAL, final)
-        wait_for(lambda: True if self._prune_sends() == 0 else None, self._check_finished)
+        # Leave only once every finished worker has read its FINAL (or died): a worker still
+        # reading another server's would otherwise take this server's exit for its death.
+        wait_for(self._farewells, self._check_finished)
         if not self.clocks.dead:
             self.comm.Free()  # nothing in flight; after a death, sends to it never complete
         return summary
@@ -101,7 +104,7 @@ class ServerLoop:
             raise ValueError(f"parameter server {self.comm.rank}: unknown message tag {tag}")
 
     def _push(self, worker: int, version: int, dense: list, sparse: dict) -> None:
-        self.stats.pushes += 1
+        self.stats.pushed(worker)
         self.stats.bytes_in += p.payload_bytes((dense, sparse))
         self.stats.staleness.append(self.version - version)
         self.clocks.pushed(worker)
@@ -159,16 +162,27 @@ class ServerLoop:
         for worker in sorted(self.clocks.live):
             # A worker whose pull waits here is silent by this server's doing.
             if not self.peers[worker].alive(self.silence, expected=worker not in self.pending):
-                self.stats.dead[worker] = self.clocks.clock[worker]
+                # The clock of a worker that joined late starts at the others' clock, so its
+                # own pushes, not its clock, say how many steps it took.
+                self.stats.dead[worker] = self.stats.pushes_by.get(worker, 0)
                 self.clocks.died(worker)
                 self.step_pushes.pop(worker, None)
                 _log.warning(
                     "parameter server rank %d: worker rank %d died after %d steps; "
                     "going on with workers %s",
-                    self.comm.rank, worker, self.clocks.clock[worker], sorted(self.clocks.live),
+                    self.comm.rank, worker, self.stats.dead[worker], sorted(self.clocks.live),
                 )  # fmt: skip
         self._apply_complete_step()
         self._answer_pulls()
+
+    def _farewells(self):
+        """True once every send is complete and every finished worker that lives said BYE."""
+        status = MPI.Status()
+        while (message := self.comm.improbe(MPI.ANY_SOURCE, p.BYE, status)) is not None:
+            message.recv()
+            self._byes.add(status.Get_source())
+        waiting = self.finished - self.clocks.dead - self._byes
+        return True if self._prune_sends() == 0 and not waiting else None
 
     def _check_finished(self) -> None:
         """Called while the last answers go out: a finished worker that died will not take its."""

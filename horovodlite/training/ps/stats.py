@@ -13,9 +13,14 @@ class ServerStats:
     def __init__(self, rank: int):
         self.rank = rank
         self.pushes = self.updates = self.bytes_in = self.bytes_out = 0
+        self.pushes_by: dict = {}  # worker -> pushes received from it (its steps, seen here)
         self.staleness: list = []  # per push: updates applied since its parameters were pulled
-        self.dead: dict = {}  # worker -> the step it had pushed when it was found dead
+        self.dead: dict = {}  # worker -> the steps it had pushed when it was found dead
         self.start = self.stop = None
+
+    def pushed(self, worker: int) -> None:
+        self.pushes += 1
+        self.pushes_by[worker] = self.pushes_by.get(worker, 0) + 1
 
     def heard(self) -> None:
         self.start = self.start if self.start is not None else time.perf_counter()

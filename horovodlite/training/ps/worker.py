@@ -93,7 +93,9 @@ class WorkerClient:
         for server in self.servers:
             self._send(server, p.DONE, None)
         finals = [self._receive(s, p.FINAL, "the end of training") for s in self.servers]
-        self._complete_sends()
+        for server in self.servers:
+            self._send(server, p.BYE, None)  # each server waits for it before it leaves
+        self._complete_sends(final=True)
         self.comm.Free()  # every message to and from this worker has arrived
         return finals
 
@@ -103,14 +105,32 @@ class WorkerClient:
         self.bytes_sent += p.payload_bytes(obj)
         self._sends.append(self.comm.isend(obj, server, tag))
 
-    def _complete_sends(self) -> None:
+    def _complete_sends(self, final: bool = False) -> None:
+        """Wait until every send of this worker is complete.
+
+        With `final`, every server's FINAL is in: a server that has left since (having read this
+        worker's BYE) ends the wait rather than raising, as nothing it was sent matters any more.
+        """
+        gone: list = []
+
         def done():
             self._sends = [r for r in self._sends if not r.test()[0]]
-            return True if not self._sends else None
+            return True if not self._sends or gone else None
 
-        wait_for(
-            done, self._check_servers(self.servers, "its pushes to be received", time.monotonic())
-        )
+        start = time.monotonic()
+        if not final:
+            check = self._check_servers(self.servers, "its pushes to be received", start)
+        else:
+
+            def check():
+                gone.extend(s for s in self.servers if not self.peers[s].alive(0, expected=False))
+                if not gone and time.monotonic() - start > self.timeout:
+                    raise HorovodLiteError(
+                        f"worker rank {self.comm.rank}: its last messages to parameter servers "
+                        f"{self.servers} were not received in {self.timeout:.0f} s"
+                    )
+
+        wait_for(done, check)
 
     def _receive(self, server: int, tag: int, what: str):
         start = time.monotonic()
