@@ -2,7 +2,12 @@
 
 Each trial draws, from its seed, a program (a sequence of synchronous and asynchronous
 collectives of every kind, process sets, join, and sometimes a few steps of the torch
-DistributedOptimizer loop), a rank count, and one fault injected by one rank at one step:
+DistributedOptimizer loop), a rank count, and one fault injected by one rank at one step.
+A third of the trials (from seed 300 on) run the program as an elastic job: under
+`horovodlite-run --max-restarts 1`, inside `hvd.elastic.run`, committing the program's
+progress (and the torch model and optimizer, where it trains one) after a random half of its
+steps; the fault happens in the first run only, and the job must resume from its last commit
+and finish with every step done exactly once and the right results. The faults:
 
 - `sys_exit`, `os_exit`, `sigkill`, `exception`, `shutdown`: the rank leaves there;
 - `stall`: the rank sleeps past the collective timeout (HOROVODLITE_COLLECTIVE_TIMEOUT) first;
@@ -11,14 +16,16 @@ DistributedOptimizer loop), a rank count, and one fault injected by one rank at 
   asynchronously (or the reverse);
 - `load`: no fault, two busy processes beside the job; `none`: no fault.
 
-The job runs under horovodlite-run. A trial passes when either every rank finishes with results
-equal to numpy's (no fault), or the job ends within BOUND seconds of the fault with a non-zero
-status and every error a surviving rank prints names the faulty rank and a collective (for `os_exit`
-and `sigkill` no Python runs in the rank: horovodlite-run names it; an uncaught `exception`
-aborts the job at once, naming its rank). The first uncaught error aborts the whole job, so a
-survivor may be torn down before it prints: the report counts those that did. Anything else
-is a failure: a hang (killed at HANG seconds), a wrong result, or an error that does not name
-them.
+The job runs under horovodlite-run. An elastic trial passes when the job ends with status 0
+after one restart, every rank resumed from a commit no older than the newest one a rank
+reported before the fault, within ELASTIC_BOUND seconds of it. Another trial passes when
+either every rank finishes with results equal to numpy's (no fault), or the job ends within
+BOUND seconds of the fault with a non-zero status and every error a surviving rank prints names
+the faulty rank and a collective (for `os_exit` and `sigkill` no Python runs in the rank:
+horovodlite-run names it; an uncaught `exception` aborts the job at once, naming its rank).
+The first uncaught error aborts the whole job, so a survivor may be torn down before it
+prints: the report counts those that did. Anything else is a failure: a hang (killed at HANG
+seconds), a wrong result, lost commits, or an error that does not name them.
 
     python benchmarks/fault_campaign.py --trials 300 --out benchmarks/results/fault_campaign.json
     python benchmarks/fault_campaign.py --seed 17 --verbose   # replay one trial
@@ -33,6 +40,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -44,6 +52,8 @@ KINDS = ["allreduce", "async", "allgather", "broadcast", "alltoall", "reducescat
          "grouped", "barrier", "process_set", "join"]  # fmt: skip
 TIMEOUT = 6.0  # HOROVODLITE_COLLECTIVE_TIMEOUT of every trial, seconds
 BOUND = 30.0  # a faulty trial must end within this many seconds of its fault
+ELASTIC_BOUND = 60.0  # an elastic trial must resume within this (the restart imports again)
+ELASTIC_FROM = 300  # seeds from here on may be elastic; earlier ones replay as they ran
 HANG = 120.0  # a trial still running then is killed and counted as a hang
 COLLECTIVE_WORDS = re.compile(
     r"allreduce|allgather|broadcast|alltoall|reducescatter|barrier|join|process_set|negotiation"
@@ -64,8 +74,17 @@ def draw(seed: int) -> dict:
     at = int(rng.integers(0, len(steps)))
     if fault in MISMATCHES:
         steps.insert(at, "probe")
-    return {"seed": seed, "np": np_, "steps": steps, "fault": fault,
-            "rank": int(rng.integers(0, np_)), "at": at}  # fmt: skip
+    trial = {"seed": seed, "np": np_, "steps": steps, "fault": fault,
+             "rank": int(rng.integers(0, np_)), "at": at, "elastic": False}  # fmt: skip
+    # Drawn from a generator of its own, so the programs of earlier seeds stay as they were.
+    more = np.random.default_rng([seed, 25, 1])
+    if seed >= ELASTIC_FROM and more.random() < 1 / 3:
+        trial["elastic"] = True
+        if "torch" in steps and more.random() < 0.5:  # two: a restart restores the momentum
+            steps.insert(steps.index("torch") + 1, "torch")
+            trial["at"] += int(trial["at"] > steps.index("torch"))
+        trial["commits"] = [bool(c) for c in more.random(len(steps)) < 0.5]
+    return trial
 
 
 # -- the worker: one rank of a trial ---------------------------------------------------------------
@@ -167,6 +186,24 @@ def probe(hvd, trial: dict, step: int, mine, faulty: bool) -> None:
         (hvd.allreduce if kind == "allreduce" else hvd.allgather)(x, name=name)
 
 
+def torch_model(seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def torch_batches(trial: dict, step: int, n: int, count: int = 3) -> list:
+    """The whole batches of a torch step (2 rows per rank), the same on every rank."""
+    import torch
+
+    generator = torch.Generator().manual_seed(trial["seed"] + step)
+    return [
+        (torch.randn(2 * n, 4, generator=generator), torch.randn(2 * n, 1, generator=generator))
+        for _ in range(count)
+    ]
+
+
 def torch_steps(trial: dict, step: int) -> None:
     """Three steps of the DistributedOptimizer, checked against one process on the whole batch."""
     import torch  # noqa: I001 - the framework first, then its binding
@@ -174,22 +211,12 @@ def torch_steps(trial: dict, step: int) -> None:
     import horovodlite.torch as hvt
 
     me, n = hvt.rank(), hvt.size()
-
-    def model():
-        torch.manual_seed(trial["seed"])
-        return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-
-    generator = torch.Generator().manual_seed(trial["seed"] + step)
-    batches = [
-        (torch.randn(2 * n, 4, generator=generator), torch.randn(2 * n, 1, generator=generator))
-        for _ in range(3)
-    ]
-    single, mine = model(), model()
+    single, mine = torch_model(trial["seed"]), torch_model(trial["seed"])
     reference = torch.optim.SGD(single.parameters(), lr=0.1)
     optimizer = hvt.DistributedOptimizer(
         torch.optim.SGD(mine.parameters(), lr=0.1), named_parameters=mine.named_parameters()
     )
-    for x, y in batches:
+    for x, y in torch_batches(trial, step, n):
         reference.zero_grad()
         torch.nn.functional.mse_loss(single(x), y).backward()
         reference.step()
@@ -200,6 +227,18 @@ def torch_steps(trial: dict, step: int) -> None:
     for a, b in zip(single.parameters(), mine.parameters()):
         if not torch.allclose(a, b, rtol=1e-5, atol=1e-6):
             raise AssertionError(f"WRONG RESULT in s{step}.torch: parameters differ")
+
+
+def torch_elastic_step(trial: dict, step: int, model, optimizer) -> None:
+    """Three DistributedOptimizer steps (SGD with momentum) of the elastic state's model."""
+    import horovodlite.torch as hvt
+    import torch
+
+    part = slice(2 * hvt.rank(), 2 * hvt.rank() + 2)
+    for x, y in torch_batches(trial, step, hvt.size()):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x[part]), y[part]).backward()
+        optimizer.step()
 
 
 def announce_fault() -> None:
@@ -233,6 +272,8 @@ def worker(seed: int) -> None:
     if "torch" in trial["steps"]:
         import horovodlite.torch  # noqa: F401 - seconds on a loaded machine: not inside a step
     hvd.init()
+    if trial["elastic"]:
+        return elastic_worker(hvd, trial)
     me, start, step = hvd.rank(), time.monotonic(), -1
     try:
         for step, kind in enumerate(trial["steps"]):
@@ -240,13 +281,86 @@ def worker(seed: int) -> None:
                 inject(hvd, trial)
             run_step(hvd, trial, step, kind)
     except Exception as exc:
-        # One write per line: the ranks' lines reach the launcher's output whole.
-        took = time.monotonic() - start
-        sys.stdout.write(f"RANK {me} ERROR at step {step} after {took:.1f} s: "
-                         f"{type(exc).__name__}: {exc}\n")  # fmt: skip
-        sys.stdout.flush()
+        report_error(me, step, start, exc)
         raise
     sys.stdout.write(f"RANK {me} OK\n")
+    sys.stdout.flush()
+
+
+def report_error(me: int, step: int, start: float, exc: Exception) -> None:
+    # One write per line: the ranks' lines reach the launcher's output whole.
+    took = time.monotonic() - start
+    sys.stdout.write(f"RANK {me} ERROR at step {step} after {took:.1f} s: "
+                     f"{type(exc).__name__}: {exc}\n")  # fmt: skip
+    sys.stdout.flush()
+
+
+def elastic_worker(hvd, trial: dict) -> None:
+    """The program inside hvd.elastic.run, committed after the drawn steps; faults in run 0."""
+    from horovodlite.training import elastic
+
+    me, steps, restart = hvd.rank(), trial["steps"], int(os.environ["HOROVODLITE_ELASTIC_RESTART"])
+    # done: the steps whose results this state holds, in order; a restart must resume with
+    # exactly the steps of its last commit, and end with every step once.
+    model = optimizer = None
+    if "torch" in steps:  # the model and its optimizer (momentum) are committed too
+        import torch  # noqa: I001 - the framework first, then its binding
+
+        import horovodlite.torch as hvt
+
+        model = torch_model(trial["seed"])
+        optimizer = hvt.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+            named_parameters=model.named_parameters(),
+        )
+        state = hvt.elastic.TorchState(model=model, optimizer=optimizer, step=0, done=[])
+    else:
+        state = elastic.ObjectState(step=0, done=[])
+    start = time.monotonic()
+
+    @elastic.run
+    def program(state):
+        if restart:
+            sys.stdout.write(f"RANK {me} RESUMED commit {state.commit_number} step {state.step} "
+                             f"AT {time.time():.3f}\n")  # fmt: skip
+            sys.stdout.flush()
+        step = state.step
+        try:
+            for step in range(state.step, len(steps)):
+                faulty = me == trial["rank"] and step == trial["at"] and restart == 0
+                if faulty and trial["fault"] in EXITS + ["stall"]:
+                    inject(hvd, trial)
+                if steps[step] == "torch":
+                    torch_elastic_step(trial, step, model, optimizer)
+                else:
+                    run_step(hvd, dict(trial, at=trial["at"] if restart == 0 else -1), step,
+                             steps[step])  # fmt: skip
+                state.done = state.done + [step]
+                state.step = step + 1
+                if trial["commits"][step]:
+                    state.commit()
+                    sys.stdout.write(f"RANK {me} COMMITTED {state.commit_number} step "
+                                     f"{state.step}\n")  # fmt: skip
+                    sys.stdout.flush()
+        except Exception as exc:
+            report_error(me, step, start, exc)
+            raise
+
+    program(state)
+    check(state.done, list(range(len(steps))), "the steps done (each once, in order)")
+    if model is not None:
+        reference = torch_model(trial["seed"])
+        plain = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+        for step in (s for s, kind in enumerate(steps) if kind == "torch"):
+            for x, y in torch_batches(trial, step, hvd.size()):
+                plain.zero_grad()
+                torch.nn.functional.mse_loss(reference(x), y).backward()
+                plain.step()
+        for a, b in zip(reference.parameters(), model.parameters()):
+            if not torch.allclose(a, b, rtol=1e-5, atol=1e-6):
+                raise AssertionError("WRONG RESULT after the elastic torch steps: parameters "
+                                     "differ from one process on the whole batches")  # fmt: skip
+    sys.stdout.write(f"RANK {me} OK restart {restart}\n")
     sys.stdout.flush()
 
 
@@ -258,6 +372,10 @@ def run_trial(seed: int, verbose: bool = False) -> dict:
     env = dict(os.environ, HOROVODLITE_COLLECTIVE_TIMEOUT=str(TIMEOUT), PYTHONUNBUFFERED="1")
     argv = [sys.executable, "-m", "horovodlite.run", "-np", str(trial["np"]), sys.executable,
             os.path.abspath(__file__), "--worker", str(seed)]  # fmt: skip
+    commits = tempfile.TemporaryDirectory(prefix="fault-campaign-")
+    if trial["elastic"]:  # one restart, at once; the commits in a folder of this trial's
+        argv[5:5] = ["--max-restarts", "1", "--restart-delay", "0"]
+        env["HOROVODLITE_ELASTIC_DIR"] = commits.name
     busy = []
     if trial["fault"] == "load":
         busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
@@ -274,11 +392,14 @@ def run_trial(seed: int, verbose: bool = False) -> dict:
         for p in busy:
             p.kill()
             p.wait()
+        commits.cleanup()
     seconds = time.monotonic() - start
     fault_at = re.search(r"FAULT AT ([0-9.]+)", out)
+    resumed = [float(t) for t in re.findall(r"RESUMED commit \d+ step \d+ AT ([0-9.]+)", out)]
     if fault_at:  # from the fault to the end of the job (start-up and imports vary with load)
-        seconds = ended - float(fault_at.group(1))
-    outcome, why = judge(trial, code, out, seconds)
+        seconds = (max(resumed) if resumed else ended) - float(fault_at.group(1))
+    judged = judge_elastic if trial["elastic"] else judge
+    outcome, why = judged(trial, code, out, seconds)
     if verbose or outcome not in ("correct", "error named"):
         print(out[-6000:], file=sys.stderr)
     return {**trial, "outcome": outcome, "why": why, "seconds": round(seconds, 2), "status": code}
@@ -322,16 +443,42 @@ def judge(trial: dict, code, out: str, seconds: float) -> tuple:
     return "error named", f"{printed} of {len(survivors)} printed"
 
 
+def judge_elastic(trial: dict, code, out: str, seconds: float) -> tuple:
+    """Return (outcome, reason) of a finished elastic trial: resumed with nothing lost."""
+    n, fault = trial["np"], trial["fault"]
+    if code is None:
+        return "hang", f"killed after {HANG:.0f} s"
+    if "WRONG RESULT" in out:
+        return "wrong", "a rank computed a wrong result"
+    restart = 0 if fault in ("none", "load") else 1
+    if code != 0 or not all(f"RANK {r} OK restart {restart}" in out for r in range(n)):
+        return "failed", f"status {code}, not every rank finished in run {restart}"
+    if restart == 0:
+        return "correct", ""
+    committed = [int(c) for c in re.findall(r"RANK \d+ COMMITTED (\d+) ", out.split("RESUMED")[0])]
+    resumed = [int(c) for c in re.findall(r"RANK \d+ RESUMED commit (\d+) ", out)]
+    if len(resumed) != n or len(set(resumed)) != 1:
+        return "failed", f"ranks resumed from commits {resumed}"
+    if resumed[0] < max(committed, default=0):
+        return "lost", f"resumed from commit {resumed[0]}, commit {max(committed)} was made"
+    if seconds > ELASTIC_BOUND:
+        return "late", f"resumed {seconds:.0f} s after the fault"
+    return "resumed", f"from commit {resumed[0]}"
+
+
 def table(results: list) -> str:
     """Return the Markdown table fault x outcome x time to end."""
-    lines = ["| fault | trials | outcome | time to end, s (median / max) |", "|---|---|---|---|"]
+    lines = ["| fault | program | trials | outcome | time to end, s (median / max) |",
+             "|---|---|---|---|---|"]  # fmt: skip
     for fault in FAULTS:
-        mine = [r for r in results if r["fault"] == fault]
-        for outcome in sorted({r["outcome"] for r in mine}):
-            times = sorted(r["seconds"] for r in mine if r["outcome"] == outcome)
-            count = len(times)
-            lines.append(f"| {fault} | {count} | {outcome} | "
-                         f"{times[count // 2]:.1f} / {times[-1]:.1f} |")  # fmt: skip
+        for elastic in (False, True):
+            mine = [r for r in results if r["fault"] == fault and r.get("elastic") == elastic]
+            for outcome in sorted({r["outcome"] for r in mine}):
+                times = sorted(r["seconds"] for r in mine if r["outcome"] == outcome)
+                count = len(times)
+                program = "elastic" if elastic else "plain"
+                lines.append(f"| {fault} | {program} | {count} | {outcome} | "
+                             f"{times[count // 2]:.1f} / {times[-1]:.1f} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -351,7 +498,9 @@ def main() -> None:
     for seed in seeds:
         result = run_trial(seed, args.verbose or args.seed is not None)
         results.append(result)
-        print(f"seed {seed}: {result['np']} ranks, {result['fault']} by rank {result['rank']} at "
+        kind = "elastic, " if result["elastic"] else ""
+        print(f"seed {seed}: {kind}{result['np']} ranks, {result['fault']} by rank "
+              f"{result['rank']} at "
               f"step {result['at']} of {result['steps']}: {result['outcome']} in "
               f"{result['seconds']:.1f} s {result['why']}", flush=True)  # fmt: skip
         if args.out:
