@@ -14,6 +14,15 @@ Measures, in one job per rank count, taking turns so that background load hits a
     knows (one small bit-vector all-reduce per cycle) versus new names every step (a full
     metadata exchange every cycle).
 Each timed step starts after a barrier and counts the slowest rank; medians over repetitions.
+
+    python benchmarks/engine_fusion.py --paths torch,tensorflow,keras --np 2,3,4
+
+measures instead, per framework and rank count, the training step's gradient path side by side:
+  * fused:         torch: 161 allreduce_async_() then synchronize() (DistributedOptimizer's path);
+                   tensorflow: one grouped_allreduce() (DistributedGradientTape's path);
+                   keras: the DistributedOptimizer's gradient reduction (GradientReducer);
+  * one buffer:    one allreduce of a single tensor holding the same bytes;
+  * one sync each: 161 synchronous allreduce() calls.
 """
 
 import argparse
@@ -313,7 +322,73 @@ def negotiation(hvd, engine, tensors: int, steps: int, repeats: int) -> dict:
             for kind in kinds}  # fmt: skip
 
 
+def _framework(name: str):
+    """Return (hvd module, tensor from numpy, fused step maker) for a framework's path."""
+    if name == "torch":
+        import horovodlite.torch as hvd
+        import torch
+
+        def fused(grads):
+            def step():
+                handles = [hvd.allreduce_async_(g, name=f"grad.{i}") for i, g in enumerate(grads)]
+                return [hvd.synchronize(h) for h in handles]
+
+            return step
+
+        return hvd, torch.from_numpy, fused
+    import horovodlite.tensorflow as hvd
+    import tensorflow as tf
+
+    if name == "tensorflow":
+        return hvd, tf.convert_to_tensor, lambda grads: lambda: hvd.grouped_allreduce(grads)
+    import horovodlite.keras as hvd_keras
+    import keras
+
+    hvd_keras.init()
+
+    def keras_fused(grads):
+        # The reduction DistributedOptimizer.apply runs on the gradients (op Average).
+        optimizer = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1))
+        reduce = optimizer._horovodlite
+        return lambda: reduce(list(grads))
+
+    return hvd_keras, tf.convert_to_tensor, keras_fused
+
+
+def gradient_paths(framework: str, repeats: int) -> dict:
+    """Time one framework's fused gradient path, one buffer and one sync each, side by side."""
+    hvd, tensor, make_fused = _framework(framework)
+    hvd.init()
+    rng = np.random.default_rng(hvd.rank())
+    arrays = [rng.standard_normal(shape).astype(np.float32) for shape in RESNET50_SHAPES]
+    grads = [tensor(a) for a in arrays]
+    flat = tensor(np.concatenate([a.reshape(-1) for a in arrays]))
+    methods = {
+        "fused": make_fused(grads),
+        "one buffer": lambda: hvd.allreduce(flat, name="flat"),
+        "one sync each": lambda: [hvd.allreduce(g, name=f"sync.{i}") for i, g in enumerate(grads)],
+    }
+    expected = np.asarray(methods["one buffer"]())
+    for name in ("fused", "one sync each"):
+        got = np.concatenate([np.asarray(r).reshape(-1) for r in methods[name]()])
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=name)
+    times = {name: [] for name in methods}
+    for _ in range(repeats):
+        for name, step in methods.items():
+            times[name].append(timed(hvd, step))
+    return {name: {"median_s": float(np.median(t)), "min_s": min(t), "max_s": max(t)}
+            for name, t in times.items()}  # fmt: skip
+
+
 def worker(args) -> None:
+    if args.path:
+        gradients = gradient_paths(args.path, args.repeats)
+        import horovodlite as core
+
+        result = {"ranks": core.size(), "path": args.path, "gradients": gradients}
+        if core.rank() == 0:
+            print("RESULT " + json.dumps(result), flush=True)
+        return
     import horovodlite as hvd
 
     hvd.init()
@@ -328,6 +403,38 @@ def worker(args) -> None:
     }
     if hvd.rank() == 0:
         print("RESULT " + json.dumps(result), flush=True)
+
+
+def launch_paths(args) -> list:
+    """Run every --paths framework at every --np count; return their results."""
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    results = []
+    for path in args.paths:
+        for np_ in args.np:
+            command = [mpiexec if os.path.exists(mpiexec) else "mpiexec", "-n", str(np_),
+                       sys.executable, os.path.abspath(__file__), "--worker", "--path", path,
+                       "--repeats", str(args.repeats)]  # fmt: skip
+            print(f"$ {' '.join(command)}", file=sys.stderr, flush=True)
+            out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+            line = next(line for line in out.splitlines() if line.startswith("RESULT "))
+            results.append(json.loads(line[len("RESULT ") :]))
+            results[-1]["load_average"] = os.getloadavg()
+    return results
+
+
+def report_paths(results: list) -> str:
+    lines = ["ResNet-50's 161 float32 gradients (97.5 MiB), median ms per step; fused / one "
+             "buffer (target <= 1.15), one sync each / fused (target >= 1.3)",
+             f"{'path':<11}{'ranks':>6}{'fused':>10}{'one buffer':>12}{'one sync each':>15}"
+             f"{'fused/buffer':>14}{'sync/fused':>12}{'load avg':>10}"]  # fmt: skip
+    for r in results:
+        g = {k: v["median_s"] * 1e3 for k, v in r["gradients"].items()}
+        lines.append(
+            f"{r['path']:<11}{r['ranks']:>6}{g['fused']:>10.1f}{g['one buffer']:>12.1f}"
+            f"{g['one sync each']:>15.1f}{g['fused'] / g['one buffer']:>13.2f}x"
+            f"{g['one sync each'] / g['fused']:>11.2f}x{r['load_average'][0]:>10.2f}"
+        )
+    return "\n".join(lines)
 
 
 def launch(args) -> list:
@@ -390,6 +497,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=lambda s: [int(v) for v in s.split(",")], default=[2, 4])
     parser.add_argument("--worker", action="store_true", help="run inside an MPI job")
+    parser.add_argument(
+        "--paths",
+        type=lambda s: s.split(","),
+        default=None,
+        help="torch,tensorflow,keras: time the frameworks' gradient paths",
+    )
+    parser.add_argument("--path", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--idle-seconds", type=float, default=3.0)
     parser.add_argument("--tensors", type=int, default=100, help="per negotiation step")
@@ -398,6 +512,16 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         worker(args)
+        return
+    if args.paths:
+        load = os.getloadavg()
+        results = launch_paths(args)
+        text = report_paths(results)
+        print(text)
+        out = args.out.replace("engine_fusion.json", "engine_fusion_paths.json")
+        with open(out, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "load_average_before": load,
+                       "results": results, "table": text}, f, indent=1)  # fmt: skip
         return
     results = launch(args)
     for r in results:

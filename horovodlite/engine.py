@@ -31,7 +31,7 @@ from .handles import Handle, Request
 from .plan import Plan
 from .timeline import Timeline
 from .waiting import teardown_later
-from .wakeup import Wakeup
+from .wakeup import Wakeup, gathering_left
 
 __all__ = ["Engine", "Handle"]
 
@@ -43,7 +43,6 @@ _RECHECK = 0.25  # seconds between full exchanges that tell who a waited-for req
 # Seconds in synchronize() before a request is checked against ranks blocked in a synchronous
 # collective: another thread of theirs might still submit it, late on a loaded machine.
 _CROSSED_CHECK = 2.0
-_MAX_GATHER = 0.05  # seconds a rank without a spare core may hold requests nobody waits for
 _NEGOTIATION = -1  # the negotiation's identity for the Watch; digests are never negative
 
 # Positions of the flags that follow the per-request bytes and the per-rank bytes.
@@ -167,13 +166,16 @@ class Engine:
     def _run(self) -> None:
         try:
             self._wakeup.sleep()  # the engines start asleep, together
-            last_cycle = time.monotonic()
+            last_cycle, hold = time.monotonic(), 0.0
             while self._stopped is None:
                 # Gather what this rank submits within one cycle time, unless waited for.
-                flushed = self._wakeup.pause(self.cycle_time - (time.monotonic() - last_cycle))
+                pause = max(hold, self.cycle_time - (time.monotonic() - last_cycle))
+                hold = self._gathering(self._wakeup.pause(pause))
+                if hold > 0:
+                    # No spare core to overlap with: one wake-up when the gathering ends, not
+                    # one a cycle time, each of which takes the GIL from the submitting thread.
+                    continue
                 last_cycle = time.monotonic()
-                if not self._should_cycle(flushed):
-                    continue  # no spare core to overlap with: wait until somebody waits
                 if not self._cycle() and self._stopped is None:
                     self._wakeup.agreed_to_sleep()  # no rank had work: all sleep till one has
                     with self._lock:  # a submission or flush already served wakes nobody
@@ -186,21 +188,19 @@ class Engine:
         finally:
             self._wakeup.close()
 
-    def _should_cycle(self, flushed: bool) -> bool:
-        """Return whether to cycle now, or to gather this rank's requests for longer.
+    def _gathering(self, flushed: bool) -> float:
+        """Return 0 to cycle now, else for how many more seconds to gather this rank's requests.
 
         Cycle with a spare core (`overlap`), once somebody waits for a result, with no requests
-        of one's own (others may wait), joined, stopping, or once the oldest request has waited
-        _MAX_GATHER: work not waited for must progress (Horovod's contract; stall checks).
+        of one's own (others may wait), joined or stopping; else gather (wakeup.py).
         """
         if flushed or self.overlap:
-            return True
+            return 0.0
         with self._lock:
             if self._joined or self._stop_requested:
-                return True
+                return 0.0
             mine = self._incoming + list(self._pending.values())
-        oldest = min((request.submitted for request in mine), default=None)
-        return oldest is None or time.monotonic() - oldest > _MAX_GATHER
+        return gathering_left([request.submitted for request in mine])
 
     def _negotiate(self, vector: np.ndarray) -> np.ndarray:
         """MIN-all-reduce `vector` with every rank's engine."""

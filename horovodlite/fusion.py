@@ -16,7 +16,7 @@ from .agreement import array_fields
 from .algorithms.scratch import scratch
 from .buffers import DTYPES_BY_NAME, device_module, synchronize_device
 from .ops import ReduceOp
-from .staging import deliver, flat_work, scale, staged
+from .staging import deliver, flat_work, scale, scaled_copy, staged
 from .state import current
 from .transport import select
 
@@ -86,11 +86,8 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
         fresh = not any(entry.inplace for entry in entries)
         buf = module.empty(total, dtype=dtype) if fresh else scratch(module, dtype, total, "fusion")
         with span("MEMCPY_IN_FUSION_BUFFER"):
-            offset = 0
-            for entry in entries:
-                part, _ = flat_work(entry.array, xp, False, transport)
-                buf[offset : offset + part.size] = part
-                offset += part.size
+            parts = [flat_work(entry.array, xp, False, transport)[0] for entry in entries]
+            module.concatenate(parts, out=buf)  # one call, not one slice assignment each
         synchronize_device(module)
     if first.op == ReduceOp.ADASUM:
         # Adasum's dot products are per tensor, as Horovod's: the buffer travels fused, and
@@ -104,11 +101,16 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
         # the timeline's ALLREDUCE_<name> says what moved the buffer.
         chosen = transport.allreduce_algorithm(first.requested, buf, module, comm)
         run = functools.partial(transport.allreduce, comm, buf, first.op, module, chosen)
+    divisor = comm.size if first.op == ReduceOp.AVERAGE else 1
+    factor = first.postscale / divisor
+    # Results copied out of the buffer take the factor on the way (one pass over the data, not
+    # two): all but a single entry's and a fresh buffer's, whose results are the buffer itself.
+    scaled_out = len(entries) > 1 and not fresh
     with span(f"ALLREDUCE_{chosen.upper()}"):
         scale(module, buf, first.prescale)
         run()
-        divisor = comm.size if first.op == ReduceOp.AVERAGE else 1
-        scale(module, buf, first.postscale / divisor)
+        if not scaled_out:
+            scale(module, buf, factor)
     if len(entries) == 1:
         return [deliver(buf, first.array, xp, first.inplace)]
     results, offset = [], 0
@@ -116,10 +118,12 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
         for entry in entries:
             part = buf[offset : offset + entry.array.size]
             offset += entry.array.size
-            # The scratch buffer is reused, so out-of-place results beside in-place ones need
-            # memory of their own.
-            own = part if entry.inplace or fresh else part.copy()
-            results.append(deliver(own, entry.array, xp, entry.inplace))
+            if scaled_out:
+                # The scratch buffer is reused, so out-of-place results beside in-place ones
+                # need memory of their own.
+                target = entry.array if entry.inplace and module is xp else None
+                part = scaled_copy(module, part, factor, target)
+            results.append(deliver(part, entry.array, xp, entry.inplace))
     return results
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from .buffers import synchronize_device
 
-__all__ = ["staged", "flat_work", "deliver", "scale"]
+__all__ = ["staged", "flat_work", "deliver", "scale", "scaled_copy"]
 
 
 def staged(xp, transport) -> bool:
@@ -59,6 +59,18 @@ def scale(xp, buf, factor: float) -> None:
     """
     if factor != 1.0:
         xp.multiply(buf, _factor_type(xp, buf.dtype)(factor), out=buf, casting="unsafe")
+
+
+def scaled_copy(xp, buf, factor: float, target=None):
+    """Return `buf` times `factor` (as scale() rounds), written into `target` where it is a
+    contiguous array of `buf`'s dtype, else into a new array."""
+    contiguous = target is not None and target.flags.c_contiguous and target.dtype == buf.dtype
+    out = target.reshape(-1) if contiguous else xp.empty_like(buf)
+    if factor == 1.0:
+        out[...] = buf
+    else:
+        xp.multiply(buf, _factor_type(xp, buf.dtype)(factor), out=out, casting="unsafe")
+    return out
 
 
 def _factor_type(xp, dtype):
