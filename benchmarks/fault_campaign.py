@@ -58,7 +58,7 @@ TIMEOUT, TORCH_TIMEOUT = 6.0, 20.0
 TEARDOWN = 24.0  # a faulty trial must end within its timeout and this many seconds of its fault
 RESTART = 60.0  # and an elastic one resume this much later (the restart imports everything again)
 ELASTIC_FROM = 300  # seeds from here on may be elastic; earlier ones replay as they ran
-HANG = 120.0  # a trial still running then is killed and counted as a hang
+HANG = 120.0  # a trial still running then (twice that if elastic) is killed: a hang
 COLLECTIVE_WORDS = re.compile(
     r"allreduce|allgather|broadcast|alltoall|reducescatter|barrier|join|process_set|negotiation"
 )
@@ -397,7 +397,7 @@ def run_trial(seed: int, verbose: bool = False) -> dict:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)  # fmt: skip
     try:
-        out, _ = proc.communicate(timeout=HANG)
+        out, _ = proc.communicate(timeout=HANG * (2 if trial["elastic"] else 1))
         code, ended = proc.returncode, time.time()
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -463,7 +463,7 @@ def judge_elastic(trial: dict, code, out: str, seconds: float) -> tuple:
     """Return (outcome, reason) of a finished elastic trial: resumed with nothing lost."""
     n, fault = trial["np"], trial["fault"]
     if code is None:
-        return "hang", f"killed after {HANG:.0f} s"
+        return "hang", f"killed after {2 * HANG:.0f} s"
     if "WRONG RESULT" in out:
         return "wrong", "a rank computed a wrong result"
     restart = 0 if fault in ("none", "load") else 1

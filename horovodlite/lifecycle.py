@@ -18,7 +18,7 @@ from . import state as _state
 from .config import Settings
 from .engine import Engine
 from .process_sets import add_process_set
-from .waiting import LEFT_EXIT, LEFT_SHUTDOWN
+from .waiting import LEFT_EXIT, LEFT_SHUTDOWN, teardown_pending
 
 __all__ = ["init", "shutdown"]
 
@@ -131,7 +131,8 @@ def _at_exit() -> None:
 
     MPICH's MPI_Finalize waits for the other ranks, which may be blocked in a collective that
     this rank will never join: the job would hang. Aborting ends it with a non-zero exit, as
-    `python -m mpi4py` does.
+    `python -m mpi4py` does. So does a rank whose failed collective is still posted (caught
+    errors of a departure or a timeout): MPI_Finalize would meet its messages unreceived.
     """
     failed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     if failed is not None and not hasattr(sys, "ps1") and _state.is_initialized():
@@ -144,5 +145,18 @@ def _at_exit() -> None:
         # forwarded yet (this line, the traceback): give it a moment on this failure path.
         _note_exit_report(_state.current().settings, "left")  # it has named itself, above
         time.sleep(0.5)
+        MPI.COMM_WORLD.Abort(1)
+    if teardown_pending() and not MPI.Is_finalized():
+        # A collective failed and stays posted here (the error was caught): MPI_Finalize would
+        # meet its messages unreceived (a warning on MPICH over UCX, a hang or a crash on other
+        # MPIs). The job is being torn down anyway: do it now.
+        sys.stderr.write(
+            f"horovodlite: rank {MPI.COMM_WORLD.Get_rank()} exits after a failed collective "
+            "that is still posted: aborting the job rather than finalizing MPI\n"
+        )
+        sys.stderr.flush()
+        if _state.is_initialized():
+            _note_exit_report(_state.current().settings, "left")  # it has named itself
+        time.sleep(0.5)  # as below: let the launcher forward the output first
         MPI.COMM_WORLD.Abort(1)
     _shutdown(LEFT_EXIT)

@@ -22,7 +22,9 @@ While it waits it reads the notices that ranks post on a private control communi
 
 After `Settings.collective_timeout` seconds a wait raises HorovodLiteError naming the collective
 and the missing ranks, and the job is torn down (MPI_Abort) a few seconds later, so no rank
-waits forever even where the error is caught.
+waits forever even where the error is caught. A wait that fails because a member left is torn
+down the same way: its half of the collective stays posted (MPI cannot cancel a collective),
+and MPI_Finalize would meet messages nobody receives (lifecycle.py aborts at exit instead).
 """
 
 import logging
@@ -45,6 +47,7 @@ __all__ = [
     "Inbox",
     "default_wait",
     "teardown_later",
+    "teardown_pending",
     "process_alive",
 ]
 
@@ -253,7 +256,11 @@ class Watch:
                 if gone:
                     departure_seen = departure_seen or time.perf_counter()
                     if time.perf_counter() - departure_seen > _DEPARTURE_GRACE:
-                        raise HorovodLiteError(self._departure_message(what, gone))
+                        message = self._departure_message(what, gone)
+                        # This rank's half of the collective stays posted (MPI cannot cancel
+                        # a collective), and MPI_Finalize would find its messages unreceived.
+                        teardown_later(message)
+                        raise HorovodLiteError(message)
                 if not marked and waited > _MARK_AFTER and self._waiting_marker:
                     marked = _mark(self._waiting_marker, True)
                 if not noticed and waited > min(_NOTICE_AFTER, self.timeout / 4):
@@ -312,7 +319,8 @@ class Watch:
         reasons = "; ".join(f"rank {r} {_REASONS.get(self.left[r], 'left')}" for r in gone)
         return (
             f"{what} cannot complete: {reasons} while rank {self.comm.rank} waited for it "
-            "(every rank must call the same collectives before it shuts down or exits)"
+            "(every rank must call the same collectives before it shuts down or exits); the "
+            "job is torn down"
         )
 
 
@@ -407,6 +415,11 @@ def teardown_later(message: str, delay: float = _TEARDOWN_DELAY) -> None:
         MPI.COMM_WORLD.Abort(1)
 
     threading.Thread(target=abort, name="horovodlite-teardown", daemon=True).start()
+
+
+def teardown_pending() -> bool:
+    """Return whether a fatal error left a collective posted here and the job is torn down."""
+    return _teardown_started.is_set()
 
 
 def default_wait(request: MPI.Request) -> None:

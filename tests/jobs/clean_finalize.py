@@ -1,9 +1,11 @@
 """Runs that end in MPI_Finalize, normally or after caught failures (argv[1] says which):
 
 `normal` (async and sync collectives, a process set, join), `restart` (shutdown() and init()
-three times), `mismatch` (a mismatch raised on every rank, caught), `early` (rank 1 shuts down
-while the others wait in a collective: they catch the error). Every rank ends with exit status 0;
-the test checks that MPI found no message left unreceived.
+three times), `mismatch` (a mismatch raised on every rank, caught): every rank ends with exit
+status 0. `early`, `early_exit`, `early_async`: rank 1 shuts down (or exits) while the others
+wait in a synchronous collective (or an asynchronous one): they catch the error and end; where
+their half of the collective stays posted, they abort the job at exit rather than finalize.
+The test checks that MPI found no message left unreceived.
 """
 
 import sys
@@ -59,13 +61,19 @@ elif how == "mismatch":
         except hvd.MismatchError:
             pass
     work("after")
-elif how == "early":
+elif how.startswith("early"):  # early (shutdown), early_exit (sys.exit), early_async
     work("e")
     if rank == 1:
+        if how == "early_exit":
+            sys.stdout.write(f"rank {rank} done\n")
+            sys.exit(0)
         hvd.shutdown()
     else:
         try:
-            hvd.allreduce(np.ones(3), name="never")
+            if how == "early_async":
+                hvd.synchronize(hvd.allreduce_async(np.ones(3), name="never"))
+            else:
+                hvd.allreduce(np.ones(3), name="never")
             raise SystemExit(f"rank {rank}: no error")
         except hvd.HorovodLiteError:
             pass
