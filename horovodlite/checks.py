@@ -35,6 +35,8 @@ def check_reduction(
     if op == ReduceOp.ADASUM:
         check_adasum(array, size, what)
     for which, factor in (("prescale_factor", prescale), ("postscale_factor", postscale)):
+        if type(factor) is float and math.isfinite(factor):
+            continue  # the common case, without the slow isinstance of an ABC
         if not isinstance(factor, numbers.Real):
             raise TypeError(f"{which} must be a real number, got {type(factor).__name__}")
         if not math.isfinite(factor):

@@ -58,6 +58,8 @@ class TensorView:
 
 
 def _shares(a, b) -> bool:
+    if a is b:  # an in-place result is the array itself: no memory-overlap test needed
+        return True
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
         return np.shares_memory(a, b)
     return a is b
