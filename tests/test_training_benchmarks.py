@@ -97,3 +97,33 @@ def test_pipeline_benchmark(tmp_path):
     gpipe, one_f_one_b = (rows[s, 4]["saved_mb_per_stage"] for s in ("gpipe", "1f1b"))
     assert one_f_one_b[0] == pytest.approx(gpipe[0] / 2)
     assert one_f_one_b[1] == pytest.approx(gpipe[1] / 4)
+
+
+@pytest.mark.mpi
+def test_synthetic_training_benchmark(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "synthetic.json"
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "synthetic_training.py"), "--settings", "host",
+         "--contenders", "hvdlite", "--model", "tiny", "--image-size", "32", "--batch-size", "2",
+         "--warmup", "1", "--steps", "1", "--iters", "1", "--runs", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["np"] == 2 and row["parameters"] == 9224 and row["bounds"]["compute_s"] > 0
+    assert set(row["median_img_per_s"]) == {"local@1", "local", "hvdlite"}
+    assert all(value > 0 for value in row["median_img_per_s"].values())
+
+
+def test_synthetic_training_models_match_torchvision():
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from synthetic_training import build_model
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    # torchvision's parameter counts for the same architectures
+    counts = {"resnet18": 11_689_512, "resnet50": 25_557_032, "alexnet": 61_100_840}
+    for name, count in counts.items():
+        assert sum(p.numel() for p in build_model(name).parameters()) == count, name
