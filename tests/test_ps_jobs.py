@@ -1,4 +1,5 @@
-"""Parameter-server jobs where a rank dies (hvd.ps): run under `mpiexec -disable-auto-cleanup`.
+"""Parameter-server jobs where a rank dies (hvd.ps): run under `mpiexec -disable-auto-cleanup`,
+or `horovodlite-run --parameter-servers`, which passes it.
 
 MPICH's launcher ends the whole job when one rank exits without MPI_Finalize unless told not
 to; with that flag the surviving ranks go on, which is what a dying worker needs. Open MPI has
@@ -7,6 +8,7 @@ no such switch here: these tests run with MPICH's Hydra only.
 
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -24,14 +26,28 @@ def run_surviving(np: int, script: str, *args, timeout: float = 180) -> str:
     if "-n" != argv[1]:
         pytest.skip("needs MPICH's Hydra launcher (-disable-auto-cleanup)")
     argv = [argv[0], "-disable-auto-cleanup", *argv[1:], sys.executable, str(JOBS / script), *args]
+    return run(argv, timeout)[1]
+
+
+def run(argv: list, timeout: float, env=None) -> tuple:
+    """Run `argv` in its own session; return (status, output), killing it all past `timeout`."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, env=env)  # fmt: skip
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out = proc.communicate()[0] + f"\n*** killed after {timeout} s: the job hung ***"
-    return out
+    return proc.returncode, out
+
+
+def horovodlite_run(flags: list, script: str, *args, env=None, timeout: float = 240) -> tuple:
+    """Run `horovodlite-run FLAGS python tests/jobs/SCRIPT ARGS`; return (status, output)."""
+    if "-n" != mpiexec_argv(2)[1]:
+        pytest.skip("needs MPICH's Hydra launcher (-disable-auto-cleanup)")
+    argv = [sys.executable, "-m", "horovodlite.run", *flags, sys.executable, str(JOBS / script),
+            *map(str, args)]  # fmt: skip
+    return run(argv, timeout, env)
 
 
 @pytest.mark.mpi
@@ -53,3 +69,40 @@ def test_a_server_that_dies_ends_the_job_with_a_clear_error_on_every_worker(np):
     for worker in range(np - 1):
         assert f"worker {worker}: HorovodLiteError: parameter server rank {np - 1}" in out, out
     assert "died while worker rank" in out and "its shard of the parameters is lost" in out, out
+
+
+@pytest.mark.mpi
+def test_horovodlite_run_parameter_servers_lets_a_job_outlive_a_dying_worker():
+    status, out = horovodlite_run(["--parameter-servers", "-np", "3"], "ps_worker_dies.py",
+                                  1, "none")  # fmt: skip
+    assert "worker 0 finished 30 steps: dead workers [1]" in out, out
+    assert "parameter server rank 2: worker rank 1 died after 5 steps" in out, out
+    assert "server 2 done: dead workers ['1']" in out, out
+    assert status != 0, out  # the job did lose a rank; horovodlite-run says so
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np, servers, how", [(3, 1, "kill"), (4, 2, "exit")])
+def test_a_dead_server_resumes_from_the_last_checkpoint_under_the_elastic_launcher(
+    np, servers, how, tmp_path
+):
+    steps, every, kill_at = 12, 4, 10  # checkpoints at updates 4 and 8; killed at update 10
+    env = {**os.environ, "HOROVODLITE_ELASTIC_DIR": str(tmp_path)}
+    env.pop("HOROVODLITE_ELASTIC_JOB_ID", None)
+    flags = ["--parameter-servers", "--min-np", str(np), "--max-np", str(np),
+             "--restart-delay", "0"]  # fmt: skip
+    status, out = horovodlite_run(flags, "ps_resume.py", servers, steps, every, kill_at, how,
+                                  env=env)  # fmt: skip
+    assert status == 0, out
+    if how == "exit":  # SIGKILL: MPICH's launcher ends the job at once, before any message
+        assert "its shard of the parameters is lost" in out, out
+        assert "the job resumes from their last common checkpoint" in out, out
+    for worker in range(np - servers):
+        resumed = re.search(rf"run 1 worker {worker}: starts at step (\d+) \(checkpoint (\w+)\), "
+                            r"parameters off one process's by (\S+)", out)  # fmt: skip
+        assert resumed and resumed.groups()[:2] == ("8", "8"), out
+        assert float(resumed.group(3)) < 1e-9, out  # the checkpoint's parameters, exactly
+        finished = re.search(rf"run 1 worker {worker}: finished {steps} steps, parameters off "
+                             r"one process's by (\S+)", out)  # fmt: skip
+        assert finished and float(finished.group(1)) < 1e-9, out
+    assert len(list(tmp_path.glob(f"*/ps-server-{servers - 1}/commit-*.bin"))) >= 1

@@ -1,8 +1,10 @@
-"""The parameter servers' framework-free rules: the shard layout and the consistency clocks."""
+"""The parameter servers' framework-free rules: the shard layout, the consistency clocks and the
+checkpoints' files and resume choice."""
 
 import numpy as np
 import pytest
 
+from horovodlite.training.ps.checkpoint import ServerCheckpoints, checkpoint_root, choose_resume
 from horovodlite.training.ps.clocks import Clocks
 from horovodlite.training.ps.layout import Piece, owner_of_rows, plan_shards
 from horovodlite.training.ps.startup import check_same_parameters, check_settings, roles
@@ -75,3 +77,50 @@ def test_settings_and_roles():
         check_settings(3, 1, -2)
     with pytest.raises(ValueError, match=r"'w' differs between ranks at start \(ranks \[2\]"):
         check_same_parameters([["a", "b"], ["a", "b"], ["a", "c"]], ["v", "w"])
+
+
+def test_checkpoints_are_written_whole_kept_two_deep_and_refused_for_another_layout(tmp_path):
+    layout = (2, [(0, 0, 5, False)])
+    files = ServerCheckpoints(str(tmp_path), 1, every=4, layout=layout)
+    assert files.due(8) and not files.due(6)
+    for version in (4, 8, 12):
+        files.write(version, {0: version, 1: version - 1}, b"state %d" % version)
+    assert files.intact() == {12: {0: 12, 1: 11}, 8: {0: 8, 1: 7}}  # the last two
+    assert files.read(8)["state"] == b"state 8"
+    path = files.store.path(12)
+    with open(path, "r+b") as f:  # cut short, as by a crash mid-write on a careless disk
+        f.truncate(20)
+    assert list(files.intact()) == [8]
+    files.drop_newer(8)
+    assert files.store.numbers() == [8]
+    other = ServerCheckpoints(str(tmp_path), 1, every=4, layout=(3, [(0, 0, 5, False)]))
+    with pytest.raises(ValueError, match="another model or server count"):
+        other.intact()
+
+
+def test_the_job_resumes_from_the_newest_checkpoint_every_server_holds():
+    assert choose_resume([{8: {0: 8}, 4: {0: 4}}, {12: {0: 12}, 8: {0: 8}}]) == (8, {0: 8})
+    assert choose_resume([{8: {0: 8}}, {}]) == (None, {})  # a server without one: afresh
+    assert choose_resume([{8: {0: 8}}, {12: {0: 12}}]) == (None, {})
+    assert choose_resume([]) == (None, {})
+
+
+def test_the_checkpoint_folder_is_given_or_the_elastic_jobs():
+    assert checkpoint_root(None, None, "/e", None) is None
+    assert checkpoint_root(5, "/mine", "/e", "job") == "/mine"
+    assert checkpoint_root(5, None, "/e", "job") == "/e/job"
+    with pytest.raises(ValueError, match="pass checkpoint_dir=, or run under horovodlite-run"):
+        checkpoint_root(5, None, "/e", None)
+    with pytest.raises(ValueError, match="at least 1"):
+        checkpoint_root(0, "/mine", "/e", None)
+    with pytest.raises(TypeError, match="checkpoint_every must be None or an int"):
+        checkpoint_root(2.5, "/mine", "/e", None)
+
+
+def test_resumed_clocks_start_at_each_workers_steps_or_all_at_the_version_when_synchronous():
+    free = Clocks([0, 1], staleness=2)
+    free.resume({0: 7, 1: 5}, 12)
+    assert free.clock == {0: 7, 1: 5}
+    sync = Clocks([0, 1], staleness=0)
+    sync.resume({0: 6, 1: 4}, 6)  # worker 1 died after 4 steps; synchronous steps are shared
+    assert sync.clock == {0: 6, 1: 6} and not sync.step_complete(6)

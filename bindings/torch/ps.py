@@ -15,11 +15,17 @@ needs:
             loss_fn(model(x), y).backward()  # the forward waits for the current parameters
             job.push()  # sends the gradients, asks for the next step's parameters
         job.finish()  # the final parameters are in `model`
+
+With `checkpoint_every=k` each server writes its shard and its optimizer's state every k
+updates, and a job started again (by hand, or by `horovodlite-run`'s elastic mode after a
+server died) resumes from the servers' last common checkpoint; `job.step` then says how many of
+its steps a worker had taken.
 """
 
 import atexit
 import hashlib
 import inspect
+import io
 import logging
 import os
 import sys
@@ -29,7 +35,7 @@ from mpi4py.util import pkl5
 
 import torch
 from horovodlite import state as _state
-from horovodlite.training.ps import layout, startup
+from horovodlite.training.ps import checkpoint, layout, startup
 from horovodlite.training.ps.server import ServerLoop
 from horovodlite.training.ps.stats import job_report
 from horovodlite.training.ps.waits import Peer
@@ -42,7 +48,8 @@ _FLOATS = (torch.float16, torch.float32, torch.float64)
 
 
 def start(model: torch.nn.Module, optimizer, servers: int = 1, staleness=None,
-          sparse_optimizer=None, timeout=None, silence: float = 60.0):  # fmt: skip
+          sparse_optimizer=None, timeout=None, silence: float = 60.0, checkpoint_every=None,
+          checkpoint_dir=None):  # fmt: skip
     """Start the parameter servers of `model`, on every rank; return this rank's Server or Worker.
 
     Every rank builds the same model and calls start() with the same arguments.
@@ -60,18 +67,28 @@ def start(model: torch.nn.Module, optimizer, servers: int = 1, staleness=None,
         timeout: seconds a worker waits for a server (default HOROVODLITE_COLLECTIVE_TIMEOUT).
         silence: seconds without a message after which a worker on another host counts as
             dead (on the same host a worker is dead when its process is gone).
+        checkpoint_every: each server writes a checkpoint of its shard and optimizer state every
+            this many updates (and at the end); None: no checkpoints. A job that finds
+            checkpoints resumes from the newest one every server holds.
+        checkpoint_dir: where (a folder every server can write); default under horovodlite-run's
+            elastic mode: the elastic job's folder (HOROVODLITE_ELASTIC_DIR/job id).
 
     Raises:
         TypeError, ValueError: on every rank, before training: a bad server count or staleness,
-            an optimizer that cannot run on a shard (LBFGS), parameters that differ on the ranks.
+            an optimizer that cannot run on a shard (LBFGS), parameters that differ on the ranks,
+            checkpoints written for another model or server count.
     """
     job_state = _state.current()
+    settings = job_state.settings
     comm = pkl5.Intracomm(job_state.comm.Dup())
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     sparse_names = _sparse_embeddings(model)
     error = None
+    root = None
     try:
         startup.check_settings(comm.size, servers, staleness)
+        root = checkpoint.checkpoint_root(checkpoint_every, checkpoint_dir, settings.elastic_dir,
+                                          settings.elastic_job_id)  # fmt: skip
         _check_parameters(named)
         _check_optimizer(optimizer, named[0][1].dtype, "optimizer", sparse=False)
         if sparse_names:
@@ -98,12 +115,47 @@ def start(model: torch.nn.Module, optimizer, servers: int = 1, staleness=None,
     params = [p for _, p in named]
     is_sparse = [n in sparse_names for n, _ in named]
     shards = layout.plan_shards([tuple(p.shape) for p in params], is_sparse, servers)
+    files, (version, steps) = None, (None, {})
+    if root is not None:
+        files, (version, steps) = _find_checkpoint(comm, root, checkpoint_every, shards,
+                                                   server_ranks)  # fmt: skip
     if comm.rank in server_ranks:
         shard = shards[server_ranks.index(comm.rank)]
-        return Server(comm, shard, params, optimizer, sparse_optimizer or optimizer,
-                      worker_ranks, peers, staleness, silence)  # fmt: skip
-    timeout = job_state.settings.collective_timeout if timeout is None else timeout
-    return Worker(comm, model, params, shards, server_ranks, peers, sparse_names, named, timeout)
+        job = Server(comm, shard, params, optimizer, sparse_optimizer or optimizer,
+                     worker_ranks, peers, staleness, silence, files, version, steps)  # fmt: skip
+    else:
+        timeout = settings.collective_timeout if timeout is None else timeout
+        job = Worker(comm, model, params, shards, server_ranks, peers, sparse_names, named,
+                     timeout, root is not None)  # fmt: skip
+        # Synchronous steps are the servers' updates; otherwise each worker's own.
+        job.client.step = (version or 0) if staleness == 0 else steps.get(comm.rank, 0)
+    job.resumed_from = version
+    if version is not None and comm.rank == 0:
+        _log.warning("hvd.ps: resumed from the servers' checkpoint of update %d (in %s)",
+                     version, root)  # fmt: skip
+    return job
+
+
+def _find_checkpoint(comm, root: str, every: int, shards: list, server_ranks: list) -> tuple:
+    """Every rank: return (this server's ServerCheckpoints or None, (version, steps)).
+
+    Each server offers the checkpoints it holds intact; all ranks pick the newest common one.
+    """
+    files, error, offer = None, None, None
+    if comm.rank in server_ranks:
+        index = server_ranks.index(comm.rank)
+        shape = (len(server_ranks), [tuple(piece) for piece in shards[index]])
+        files = checkpoint.ServerCheckpoints(root, index, every, shape)
+        try:
+            offer = files.intact()
+        except (ValueError, OSError) as e:
+            error = e
+    try:
+        offers = startup.agree(comm, error, offer)
+    except (ValueError, RuntimeError):
+        comm.Free()
+        raise
+    return files, checkpoint.choose_resume([offers[r] for r in server_ranks])
 
 
 class Server:
@@ -112,7 +164,7 @@ class Server:
     is_server = True
 
     def __init__(self, comm, shard, params, optimizer, sparse_optimizer, workers, peers,
-                 staleness, silence):  # fmt: skip
+                 staleness, silence, files=None, version=None, steps=None):  # fmt: skip
         self.shard = shard
         self.pieces = [torch.nn.Parameter(_rows(params[s.index], s).detach().clone())
                        for s in shard]  # fmt: skip
@@ -121,7 +173,11 @@ class Server:
         self.optimizers = ([optimizer(dense)] if dense else []) + (
             [sparse_optimizer(sparse)] if sparse else []
         )
-        self.loop = ServerLoop(comm, workers, peers, self, staleness, silence)
+        if version is not None:
+            self._restore(files.read(version)["state"])
+            files.drop_newer(version)
+        resume = (version or 0, steps or {})
+        self.loop = ServerLoop(comm, workers, peers, self, staleness, silence, files, resume)
         self.report = None
 
     def serve(self) -> dict:
@@ -164,6 +220,21 @@ class Server:
         for piece in self.pieces:
             piece.grad = None
 
+    def state(self) -> bytes:
+        buffer = io.BytesIO()
+        pieces = [p.detach() for p in self.pieces]
+        torch.save({"pieces": pieces, "optimizers": [o.state_dict() for o in self.optimizers]},
+                   buffer)  # fmt: skip
+        return buffer.getvalue()
+
+    def _restore(self, state: bytes) -> None:
+        saved = torch.load(io.BytesIO(state), weights_only=True)
+        with torch.no_grad():
+            for piece, value in zip(self.pieces, saved["pieces"]):
+                piece.copy_(value)
+        for opt, opt_state in zip(self.optimizers, saved["optimizers"]):
+            opt.load_state_dict(opt_state)
+
     def _sparse_piece(self, index: int):
         return next((p, s) for p, s in zip(self.pieces, self.shard) if s.index == index)
 
@@ -174,14 +245,14 @@ class Worker:
     is_server = False
 
     def __init__(self, comm, model, params, shards, server_ranks, peers, sparse_names, named,
-                 timeout):  # fmt: skip
+                 timeout, resumable=False):  # fmt: skip
         self.params, self.shards = params, shards
         index_of = {n: i for i, (n, _) in enumerate(named)}
         bounds = {}
         for i in {s.index for shard in shards for s in shard if s.sparse}:
             pieces = [next(s for s in shard if s.index == i) for shard in shards]
             bounds[i] = [pieces[0].start] + [s.stop for s in pieces]
-        self.client = WorkerClient(comm, server_ranks, peers, bounds, timeout)
+        self.client = WorkerClient(comm, server_ranks, peers, bounds, timeout, resumable)
         self._pulled = self._asked = False
         self._touched: dict = {}  # embedding index -> rows fetched this step
         self._hooks = [model.register_forward_pre_hook(lambda m, args: self.pull())]
@@ -191,6 +262,11 @@ class Worker:
                 if i in bounds:
                     self._hooks.append(module.register_forward_pre_hook(self._row_hook(i)))
         self.report = None
+
+    @property
+    def step(self) -> int:
+        """The steps this worker has pushed (after a resume: counted from the job's start)."""
+        return self.client.step
 
     def pull(self) -> None:
         """Wait for the parameters of this step (asked for at the last push) and load them."""

@@ -39,6 +39,7 @@ from .hosts import (
 )
 from .mpi_launcher import (
     FLAVOUR_NAMES,
+    HYDRA,
     build_command,
     detect_flavour,
     find_mpiexec,
@@ -98,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("mpiexec", "srun"),
         default="mpiexec",
         help="start the ranks with MPI's launcher (default) or, inside a Slurm job, with srun",
+    )
+    parser.add_argument(
+        "--parameter-servers",
+        action="store_true",
+        help="the job trains with hvd.ps: a worker that dies does not end the job (MPICH's "
+        "Hydra: -disable-auto-cleanup); see docs/ps.md",
     )
     parser.add_argument(
         "--dry-run",
@@ -362,6 +369,21 @@ def _run_elastic(args, settings: dict, mpi_args: list) -> int:
                                **launch).run()  # fmt: skip
 
 
+def _survive_rank_exits(launcher: str) -> list:
+    """Return the launcher arguments that let the other ranks go on when one exits or dies."""
+    if launcher == "srun":
+        raise ValueError("--parameter-servers is not supported with --launcher srun (which ends "
+                         "the step when a task fails): use --launcher mpiexec")  # fmt: skip
+    mpiexec = find_mpiexec()
+    if detect_flavour(mpiexec) != HYDRA:
+        raise LaunchError(
+            f"--parameter-servers needs MPICH's Hydra (-disable-auto-cleanup), and {mpiexec} is "
+            "Open MPI, whose equivalent horovodlite-run does not pass: set HOROVODLITE_MPIEXEC "
+            "to MPICH's mpiexec, or drop the flag (a dying worker then ends the job)"
+        )
+    return ["-disable-auto-cleanup"]
+
+
 @contextlib.contextmanager
 def _environment(variables: dict):
     """Set `variables` in os.environ for the block (main() may run inside a user's process)."""
@@ -397,6 +419,8 @@ def main(argv: list | None = None) -> int:
             mpi_args = shlex.split(args.mpi_args)
         except ValueError as exc:
             raise ValueError(f"--mpi-args {args.mpi_args!r}: {exc}") from None
+        if args.parameter_servers:
+            mpi_args = _survive_rank_exits(args.launcher) + mpi_args
         if args.dry_run and (_is_elastic(args) or args.simulated_hosts is not None):
             raise ValueError("--dry-run shows plain launches: drop the elastic flags and "
                              "--simulated-hosts")  # fmt: skip

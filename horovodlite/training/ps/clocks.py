@@ -31,6 +31,11 @@ class Clocks:
         self.dead: set = set()
         self.joined = set(workers) if staleness == 0 else set()
 
+    def resume(self, steps: dict, version: int) -> None:
+        """Start from a checkpoint: each worker at its steps (synchronous: all at `version`)."""
+        for worker in self.clock:
+            self.clock[worker] = version if self.synchronous else steps.get(worker, 0)
+
     @property
     def synchronous(self) -> bool:
         return self.staleness == 0

@@ -8,6 +8,10 @@ free: what the server holds and how it updates it is a `store` that a binding pr
 - `sparse()`: `{index: a copy of the server's rows of embedding index}`.
 - `apply(dense, sparse)`: one optimizer step with these gradients: `dense` a list of arrays in
   the order of `dense()`, `sparse` `{index: (global rows, values)}`.
+- `state()`: bytes holding the pieces and the optimizer's state, for a checkpoint.
+
+With `checkpoints` (checkpoint.py) the loop writes one every k updates and at its end; a loop
+`resume`d from one starts at its version, with each worker's clock at its steps.
 """
 
 import logging
@@ -36,13 +40,19 @@ class ServerLoop:
         store: the server's parameters and optimizer (see the module docstring).
         staleness: None (asynchronous), or the most steps a worker may run ahead (0: synchronous).
         silence: seconds without a message after which a worker on another host counts as dead.
+        checkpoints: a checkpoint.ServerCheckpoints, or None not to checkpoint.
+        resume: (version, {worker: steps}) of the checkpoint the store was restored from.
     """
 
-    def __init__(self, comm, workers, peers, store, staleness, silence: float):
+    def __init__(self, comm, workers, peers, store, staleness, silence: float,
+                 checkpoints=None, resume=(0, {})):  # fmt: skip
         self.comm, self.peers, self.store, self.silence = comm, peers, store, silence
+        self.checkpoints = checkpoints
         self.clocks = Clocks(workers, staleness)
         self.stats = ServerStats(comm.rank)
-        self.version = 0  # optimizer updates applied so far
+        self.version, steps = resume  # optimizer updates applied so far
+        self.applied = {w: steps.get(w, 0) for w in workers}  # worker -> its steps applied
+        self.clocks.resume(self.applied, self.version)
         self.pending: dict = {}  # worker -> True while its dense pull waits for the rule
         self.finished: set = set()  # workers that sent DONE
         self.step_pushes: dict = {}  # synchronous: worker -> its push of the open step
@@ -69,6 +79,8 @@ class ServerLoop:
             if not self.clocks.live:
                 break
         self.stats.stop = time.perf_counter()
+        if self.checkpoints is not None:  # a job restarted after its end resumes at its end
+            self.checkpoints.write(self.version, self.applied, self.store.state())
         summary = self.stats.summary()
         final = (self.version, self.store.dense(), self.store.sparse(), summary,
                  sorted(self.clocks.dead))  # fmt: skip
@@ -112,7 +124,7 @@ class ServerLoop:
             self.step_pushes[worker] = (dense, sparse)
             self._apply_complete_step()
         else:
-            self._apply(dense, sparse)
+            self._apply(dense, sparse, [worker])
 
     def _apply_complete_step(self) -> None:
         """Synchronous: once every live worker pushed the open step, apply their mean."""
@@ -120,7 +132,8 @@ class ServerLoop:
             return
         if not self.clocks.step_complete(self.version):
             return
-        pushes = [self.step_pushes[w] for w in sorted(self.step_pushes)]
+        workers = sorted(self.step_pushes)
+        pushes = [self.step_pushes[w] for w in workers]
         self.step_pushes = {}
         n = len(pushes)
         dense = [sum(grads[k] for grads, _ in pushes) / n for k in range(len(pushes[0][0]))]
@@ -132,12 +145,16 @@ class ServerLoop:
             i: (np.concatenate([r for r, _ in parts]), np.concatenate([v for _, v in parts]) / n)
             for i, parts in sparse.items()
         }
-        self._apply(dense, merged)
+        self._apply(dense, merged, workers)
 
-    def _apply(self, dense: list, sparse: dict) -> None:
+    def _apply(self, dense: list, sparse: dict, workers: list) -> None:
         self.store.apply(dense, sparse)
         self.version += 1
         self.stats.updates += 1
+        for worker in workers:
+            self.applied[worker] += 1
+        if self.checkpoints is not None and self.checkpoints.due(self.version):
+            self.checkpoints.write(self.version, self.applied, self.store.state())
 
     def _answer_pulls(self) -> None:
         for worker in sorted(self.pending):

@@ -27,11 +27,13 @@ class WorkerClient:
         peers: rank -> waits.Peer.
         sparse_bounds: {embedding index: row bounds of the servers (servers + 1 numbers)}.
         timeout: seconds one wait for a server may last.
+        resumable: whether the servers checkpoint (what a server's death then means differs).
     """
 
-    def __init__(self, comm, servers, peers, sparse_bounds: dict, timeout: float):
+    def __init__(self, comm, servers, peers, sparse_bounds: dict, timeout: float,
+                 resumable: bool = False):  # fmt: skip
         self.comm, self.servers, self.peers = comm, list(servers), peers
-        self.sparse_bounds, self.timeout = sparse_bounds, timeout
+        self.sparse_bounds, self.timeout, self.resumable = sparse_bounds, timeout, resumable
         self.versions = [0] * len(self.servers)  # each server's update the parameters came from
         self.step = 0
         self._sends: list = []
@@ -143,14 +145,20 @@ class WorkerClient:
 
     def _check_servers(self, servers, what: str, start: float):
         def check():
+            next_step = (
+                "the servers checkpoint: started again (horovodlite-run's elastic mode does it "
+                "by itself), the job resumes from their last common checkpoint"
+                if self.resumable
+                else "the servers do not checkpoint (hvd.ps.start(checkpoint_every=...)): "
+                "restart the job from your own checkpoint"
+            )
             for server in servers:
                 peer = self.peers[server]
                 if not peer.alive(self.timeout, expected=False):
                     raise HorovodLiteError(
                         f"parameter server rank {server} (pid {peer.pid} on {peer.host}) died "
                         f"while worker rank {self.comm.rank} waited for {what}: its shard of the "
-                        "parameters is lost, so training cannot go on (servers do not checkpoint; "
-                        "restart the job from your own checkpoint)"
+                        f"parameters is lost, so training cannot go on; {next_step}"
                     )
             if time.monotonic() - start > self.timeout:
                 raise HorovodLiteError(
