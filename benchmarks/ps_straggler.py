@@ -1,18 +1,27 @@
 """Parameter servers against a straggler: time to a target on digits, server throughput, rows.
 
-`python benchmarks/ps_straggler.py` runs one 4-rank MPI job per (mode, workers, repeat):
+`python benchmarks/ps_straggler.py` runs one MPI job per (server count, mode, workers, repeat):
 
-    allreduce  hvd.DistributedOptimizer, all 4 ranks train (synchronous ring all-reduce)
+    allreduce  hvd.DistributedOptimizer on W ranks (synchronous ring all-reduce)
     sync       hvd.ps, staleness=0 (synchronous through the servers)
     bounded    hvd.ps, staleness=2
     async      hvd.ps, staleness=None
 
-with `--servers` servers (1: 3 workers) for the hvd.ps modes, twice: equal workers, and the last
-worker slowed 2x. Every worker's step runs a real MLP step on digits plus a simulated compute
-of `--compute-ms` (a sleep); the slow worker sleeps twice that. Worker 0 (never the slow one)
-evaluates its current parameters on the held-out digits every `--eval-every` steps; the time
-to a target is the first evaluation at or past it (test loss <= `--target-loss` and accuracy >=
-`--target-accuracy`). Every worker runs `--steps` steps. The hvd.ps runs also give the servers'
+where the hvd.ps modes run `--np` ranks of which S serve (each S of `--servers`), so W = np - S
+ranks train in every mode, twice: equal workers, and the last worker slowed 2x. Every worker's
+step runs a real MLP step on digits plus a simulated compute of `--compute-ms` (a sleep); the
+slow worker sleeps twice that.
+
+Like for like: the same W training processes in every mode, the same batch per worker step,
+the same number of steps per worker (so the same samples processed), and the same learning rate
+per sample. A synchronous step (allreduce, sync) applies the mean of W gradients with `--lr`;
+bounded and async apply each worker's gradient as its own update with `--lr` / W, so that once
+every worker has pushed once the parameters moved as far as one synchronous step would have
+(up to staleness). Only wall-clock time separates the modes: who waits for whom.
+
+Worker 0 (never the slow one) evaluates its current parameters on the held-out digits every
+`--eval-every` steps; the time to a target is the first evaluation at or past it (test loss <=
+`--target-loss` and accuracy >= `--target-accuracy`). The hvd.ps runs also give the servers'
 pushes/s and bytes/s and the staleness histogram.
 
 `--embedding` also trains an embedding-heavy model (nn.Embedding(1e6, 16, sparse=True) on
@@ -21,7 +30,7 @@ the whole model; `--link` measures the MPI link between two ranks (point-to-poin
 against a one-sided MPI_Get of the same shard): the reason the servers use point-to-point.
 
 The machine is shared: every configuration runs `--repeats` times and medians are reported.
-Results: benchmarks/results/ps_straggler.json; plot: docs/img/ps_straggler.png.
+Results: benchmarks/results/ps_straggler.json; plot: docs/img/ps.png; `uptime` before and after.
 """
 
 import argparse
@@ -42,12 +51,12 @@ STALENESS = {"sync": 0, "bounded": 2, "async": None}
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, default=4)
-    parser.add_argument("--servers", type=int, default=1)
+    parser.add_argument("--servers", default="1", help="server counts to run, e.g. 1,2")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--batch-size", type=int, default=32, help="rows per worker step")
     parser.add_argument("--lr", type=float, default=0.3)
-    parser.add_argument("--compute-ms", type=float, default=10.0)
+    parser.add_argument("--compute-ms", type=float, default=100.0)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--target-loss", type=float, default=0.5)
     parser.add_argument("--target-accuracy", type=float, default=0.87)
@@ -57,6 +66,9 @@ def parse_args(argv=None):
     parser.add_argument("--link", action="store_true")
     parser.add_argument("--output", default=os.path.join(RESULTS, "ps_straggler.json"))
     parser.add_argument("--plot", default=os.path.join(HERE, "..", "docs", "img", "ps.png"))
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="combine these results files (e.g. one per server count, run side "
+                        "by side) into --output and plot them; runs nothing")  # fmt: skip
     parser.add_argument("--job", default=None, help=argparse.SUPPRESS)  # inside mpiexec
     parser.add_argument("--slow", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -84,17 +96,20 @@ def train_job(args) -> None:
     torch.set_num_threads(1)
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     x, y, x_test, y_test = digits()
-    mode, size = args.job, hvd.size()
+    mode, size, servers = args.job, hvd.size(), int(args.servers)
     job = opt = None
-    if mode == "allreduce":
+    if mode == "allreduce":  # run on the W ranks that train
         opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=args.lr),
                                        named_parameters=net.named_parameters())  # fmt: skip
         hvd.broadcast_parameters(net.state_dict(), root_rank=0)
         workers = size
     else:
-        sgd = functools.partial(torch.optim.SGD, lr=args.lr)
-        job = hvd.ps.start(net, sgd, servers=args.servers, staleness=STALENESS[mode])
-        workers = size - args.servers
+        workers = size - servers
+        # A synchronous step averages W gradients; an update of one worker's gradient moves
+        # 1/W as far, so W of them move as far as one synchronous step (see the docstring).
+        lr = args.lr if mode == "sync" else args.lr / workers
+        sgd = functools.partial(torch.optim.SGD, lr=lr)
+        job = hvd.ps.start(net, sgd, servers=servers, staleness=STALENESS[mode])
         if job.is_server:
             job.serve()  # its report reaches the workers with the final parameters
             return
@@ -137,7 +152,7 @@ def embedding_job(args) -> None:
     net = torch.nn.Sequential(torch.nn.Embedding(rows, dim, sparse=True), torch.nn.Flatten(),
                               torch.nn.Linear(4 * dim, 2))  # fmt: skip
     sgd = functools.partial(torch.optim.SGD, lr=0.1)
-    job = hvd.ps.start(net, sgd, servers=args.servers, staleness=None)
+    job = hvd.ps.start(net, sgd, servers=int(args.servers), staleness=None)
     if job.is_server:
         job.serve()
         return
@@ -199,9 +214,9 @@ def link_job(args) -> None:
 # -- the driver -------------------------------------------------------------------------------
 
 
-def launch(args, job: str, slow=False, np=None) -> list:
+def launch(args, job: str, slow=False, np=None, servers=1) -> list:
     argv = ["mpiexec", "-n", str(np or args.np), sys.executable, os.path.abspath(__file__),
-            "--job", job, "--servers", str(args.servers), "--steps", str(args.steps),
+            "--job", job, "--servers", str(servers), "--steps", str(args.steps),
             "--batch-size", str(args.batch_size), "--lr", str(args.lr),
             "--compute-ms", str(args.compute_ms), "--eval-every", str(args.eval_every)]  # fmt: skip
     argv += ["--slow"] if slow else []
@@ -224,16 +239,18 @@ def time_to_target(curve, args):
     return None, None
 
 
-def run_mode(args, mode: str, slow: bool) -> dict:
+def run_mode(args, mode: str, slow: bool, servers: int) -> dict:
     runs = []
+    workers = args.np - servers
     for _ in range(args.repeats):
-        lines = launch(args, mode, slow)
+        np = workers if mode == "allreduce" else args.np
+        lines = launch(args, mode, slow, np=np, servers=servers)
         worker = tagged(lines, "WORKER ")
-        servers = worker["report"]["servers"] if worker["report"] else []
+        reports = worker["report"]["servers"] if worker["report"] else []
         seconds, step = time_to_target(worker["curve"], args)
         runs.append({"time_to_target_s": seconds, "steps_to_target": step,
                      "run_s": worker["seconds"], "final": worker["curve"][-1],
-                     "curve": worker["curve"], "servers": servers})  # fmt: skip
+                     "curve": worker["curve"], "servers": reports})  # fmt: skip
     reached = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
 
     def med(key):
@@ -245,7 +262,9 @@ def run_mode(args, mode: str, slow: bool) -> dict:
 
     everyone = len(reached) == len(runs)
     return {
-        "mode": mode, "slow_worker": slow, "runs": runs,
+        # servers: the comparison this run belongs to (allreduce itself runs on the W workers)
+        "mode": mode, "servers": servers, "workers": workers,
+        "slow_worker": slow, "runs": runs,
         "median_time_to_target_s": statistics.median(reached) if everyone else None,
         "reached": f"{len(reached)}/{len(runs)}",
         "median_run_s": statistics.median(r["run_s"] for r in runs),
@@ -263,30 +282,61 @@ def plot(results: list, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (bars, curves) = plt.subplots(1, 2, figsize=(11, 4))
-    modes = [m for m in MODES if any(r["mode"] == m for r in results)]
-    for k, slow in enumerate((False, True)):
-        chosen = {r["mode"]: r["median_time_to_target_s"] or 0 for r in results
-                  if r["slow_worker"] == slow}  # fmt: skip
-        values = [chosen.get(m, 0) for m in modes]
-        bars.bar([i + 0.4 * k for i in range(len(modes))], values, width=0.4,
-                 label="one worker 2x slower" if slow else "equal workers")  # fmt: skip
-    bars.set_xticks([i + 0.2 for i in range(len(modes))], modes)
-    bars.set_ylabel("seconds to target (median)")
-    bars.legend()
-    for r in results:
-        if r["slow_worker"]:
-            run = r["runs"][0]
-            curves.plot([c[0] for c in run["curve"]], [c[2] for c in run["curve"]], label=r["mode"])
-    curves.set_xlabel("seconds")
-    curves.set_ylabel("test loss (worker 0), one worker 2x slower")
-    curves.legend()
+    groups = sorted({r["servers"] for r in results})
+    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 3.8 * len(groups)), squeeze=False)
+    for (bars, curves), servers in zip(axes, groups):
+        chosen = [r for r in results if r["servers"] == servers]
+        workers = chosen[0]["workers"]
+        modes = [m for m in MODES if any(r["mode"] == m for r in chosen)]
+        for k, slow in enumerate((False, True)):
+            times = {r["mode"]: r["median_time_to_target_s"] or 0 for r in chosen
+                     if r["slow_worker"] == slow}  # fmt: skip
+            label = "one worker 2x slower" if slow else "equal workers"
+            bars.bar([i + 0.4 * k for i in range(len(modes))], [times.get(m, 0) for m in modes],
+                     width=0.4, label=label)  # fmt: skip
+        bars.set_xticks([i + 0.2 for i in range(len(modes))], modes)
+        bars.set_ylabel("seconds to target (median)")
+        bars.set_title(f"{workers} workers, {servers} server(s) (allreduce: {workers} ranks)")
+        bars.legend()
+        for r in chosen:
+            if r["slow_worker"]:
+                run = r["runs"][0]
+                curves.plot([c[0] for c in run["curve"]], [c[2] for c in run["curve"]],
+                            label=r["mode"])  # fmt: skip
+        curves.set_xlabel("seconds")
+        curves.set_ylabel("test loss (worker 0)")
+        curves.set_title("one worker 2x slower (first run)")
+        curves.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 
 
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def merge(args) -> None:
+    parts = []
+    for path in args.merge:
+        with open(path) as f:
+            parts.append(json.load(f))
+    keep = ("settings", "uptime_before", "uptime_after", "load_average_1min_before_after")
+    output = {"parts": [{k: part.get(k) for k in keep} for part in parts],
+              "results": [r for part in parts for r in part["results"]]}  # fmt: skip
+    for key in ("embedding", "link"):
+        found = [part[key] for part in parts if key in part]
+        if found:
+            output[key] = found[0]
+    with open(args.output, "w") as f:
+        json.dump(output, f, indent=1)
+    if args.plot:
+        plot(output["results"], args.plot)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.merge:
+        return merge(args)
     if args.job == "embedding":
         return embedding_job(args)
     if args.job == "link":
@@ -295,14 +345,16 @@ def main(argv=None) -> None:
         return train_job(args)
     load = os.getloadavg()
     output = {"settings": {k: v for k, v in vars(args).items() if k not in ("job", "slow")},
-              "results": []}  # fmt: skip
-    for slow in [case == "slow" for case in args.cases.split(",")]:
-        for mode in args.modes.split(","):
-            result = run_mode(args, mode, slow)
-            output["results"].append(result)
-            print(json.dumps({k: v for k, v in result.items() if k != "runs"}), flush=True)
+              "uptime_before": uptime(), "results": []}  # fmt: skip
+    print(output["uptime_before"], flush=True)
+    for servers in [int(n) for n in args.servers.split(",")]:
+        for slow in [case == "slow" for case in args.cases.split(",")]:
+            for mode in args.modes.split(","):
+                result = run_mode(args, mode, slow, servers)
+                output["results"].append(result)
+                print(json.dumps({k: v for k, v in result.items() if k != "runs"}), flush=True)
     if args.embedding:
-        lines = launch(args, "embedding")
+        lines = launch(args, "embedding", servers=int(args.servers.split(",")[0]))
         output["embedding"] = tagged(lines, "EMBEDDING ")
         print(output["embedding"], flush=True)
     if args.link:
@@ -310,6 +362,7 @@ def main(argv=None) -> None:
         output["link"] = tagged(lines, "LINK ")
         print(output["link"], flush=True)
     output["load_average_1min_before_after"] = [load[0], os.getloadavg()[0]]
+    output["uptime_after"] = uptime()
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w") as f:
         json.dump(output, f, indent=1)
