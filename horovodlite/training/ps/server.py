@@ -169,10 +169,22 @@ class ServerLoop:
         self._sends.append((worker, self.comm.isend(obj, worker, tag)))
 
     def _prune_sends(self) -> int:
-        """Drop completed sends, and sends to dead workers (never completed); return the rest."""
-        self._sends = [(w, r) for w, r in self._sends
-                       if w not in self.clocks.dead and not r.test()[0]]  # fmt: skip
-        return len(self._sends)
+        """Drop completed sends, and sends to dead workers (never completed); return the rest.
+
+        A send to a worker that said BYE is dropped too if MPI fails it: the worker has left.
+        """
+        kept = []
+        for worker, request in self._sends:
+            if worker in self.clocks.dead:
+                continue
+            try:
+                if not request.test()[0]:
+                    kept.append((worker, request))
+            except MPI.Exception:
+                if worker not in self._byes:
+                    raise
+        self._sends = kept
+        return len(kept)
 
     def _check_workers(self) -> None:
         """Called during long waits: take workers whose process is gone for dead."""

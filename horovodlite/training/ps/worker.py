@@ -8,6 +8,7 @@ shard of the parameters is lost with it: the job cannot go on) and a wait past `
 import time
 
 import numpy as np
+from mpi4py import MPI
 
 from horovodlite.exceptions import HorovodLiteError
 
@@ -95,8 +96,9 @@ class WorkerClient:
         for server in self.servers:
             self._send(server, p.DONE, None)
         finals = [self._receive(s, p.FINAL, "the end of training") for s in self.servers]
+        self._complete_sends()  # every server waits for our BYE: none has left yet
         for server in self.servers:
-            self._send(server, p.BYE, None)  # each server waits for it before it leaves
+            self._send(server, p.BYE, None)
         self._complete_sends(final=True)
         self.comm.Free()  # every message to and from this worker has arrived
         return finals
@@ -110,13 +112,22 @@ class WorkerClient:
     def _complete_sends(self, final: bool = False) -> None:
         """Wait until every send of this worker is complete.
 
-        With `final`, every server's FINAL is in: a server that has left since (having read this
-        worker's BYE) ends the wait rather than raising, as nothing it was sent matters any more.
+        With `final`, only the BYEs are left, and a server may leave as soon as it has read
+        this worker's: a server gone, or a send MPI fails because it has gone, ends the wait
+        rather than raising, as nothing it was sent matters any more.
         """
         gone: list = []
 
         def done():
-            self._sends = [r for r in self._sends if not r.test()[0]]
+            pending = []
+            for request in self._sends:
+                try:
+                    if not request.test()[0]:
+                        pending.append(request)
+                except MPI.Exception:
+                    if not final:
+                        raise
+            self._sends = pending
             return True if not self._sends or gone else None
 
         start = time.monotonic()
