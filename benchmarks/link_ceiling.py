@@ -13,7 +13,8 @@ best when all hosts (and their ranks) share this machine's cores.
 
 Last, with `--allreduce-size`, the all-reduce itself on `--allreduce-hosts` hosts, one job, the
 contenders taking turns call by call: horovodlite's ring through `hvd.allreduce_` (and, with
-`--before REV`, the ring of that git revision in its place, the same call), Gloo, MPI's own
+`--before REV`, the ring of that git revision in its place, the same call), the ring function
+called directly (what the public call adds: its checks and the engine), Gloo, MPI's own
 MPI_Allreduce, and the ring of streams carrying the same bytes a ring rank sends, 2(n-1)/n of
 the buffer: the ceiling for the all-reduce's traffic on these links, beside the link rate.
 
@@ -175,6 +176,8 @@ def streams():
     MPI.Request.Waitall(sends + receives)
 
 calls = {name: ring_call(f) for name, f in rings.items()}
+segment = int(os.environ.get("HOROVODLITE_RING_SEGMENT_BYTES", 1 << 20))
+calls["ring, the bare function"] = lambda: current(comm, buf, hvd.Sum, np, segment)
 calls |= {"gloo": lambda: dist.all_reduce(tensor),
           "MPI_Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM),
           "ring of streams": streams}
