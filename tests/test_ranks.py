@@ -102,8 +102,9 @@ def _run_modules(modules: list, np: int, deselect: str = "", env: dict = None) -
         ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
          "-o", "python_files=rank_*.py", "--rootdir", str(RANKS_DIR),
          *(["-k", deselect] if deselect else []), *(str(RANKS_DIR / m) for m in modules)],
-        # 4 minutes for a module alone, 2 more for each module beside it in the session.
-        timeout=240 + 120 * (len(modules) - 1),
+        # 4 minutes for a module alone, 3 more for each module beside it in the session (on a
+        # 2-core machine under a load of 30, 4 TensorFlow modules at 3 ranks took 495 s).
+        timeout=240 + 180 * (len(modules) - 1),
         env=env,
     )  # fmt: skip
     where = f"{np} ranks" + (f" with {env}" if env else "")
