@@ -325,13 +325,36 @@ class SimLauncher:
                 kill_namespace_processes(host.namespace)
 
         command, full_env = self.cluster.mpiexec(np, argv, 1, env, mpiexec=mpiexec)
+        hosts_files = self._hostname_to_eth0() if server is not None else []
         try:
             output, returncode = _run_job(command, full_env, timeout, kill_left_over)
         finally:
             if server is not None:
                 server.stdin.close()
                 server.wait(timeout=30)
+            for path in hosts_files:
+                os.remove(path)
+                os.rmdir(os.path.dirname(path))
         return _parse_job(contender, np, output, returncode)
+
+    def _hostname_to_eth0(self) -> list:
+        """Make the host name resolve to eth0's address inside each simulated host.
+
+        Horovod's Gloo contexts of process sets ignore HOROVOD_GLOO_IFACE and take the address
+        the host name resolves to, here 127.0.0.1 on every simulated host; `ip netns exec`
+        mounts /etc/netns/NAMESPACE/hosts over /etc/hosts, so one file per host fixes that.
+        """
+        name = platform.node()
+        with open("/etc/hosts") as f:  # without the lines naming this host (127.0.x.1)
+            others = "".join(line for line in f if name not in line.split()[1:])
+        paths = []
+        for host in self.cluster.hosts:
+            path = os.path.join("/etc/netns", host.namespace, "hosts")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(f"{host.address} {name}\n{others}")
+            paths.append(path)
+        return paths
 
 
 # Horovod's own rendezvous server for `np` processes, one on each of the hosts host0, host1, ...:
