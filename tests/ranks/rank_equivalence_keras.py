@@ -42,9 +42,18 @@ OPTIMIZERS = {
 
 @pytest.fixture(autouse=True)
 def float64():
+    """float64 in this module's tests, and the precision before it after each.
+
+    Keras fixes its global dtype policy from floatx the first time a layer asks for it, and a
+    later set_floatx no longer changes what layers compute in: a float64 test run after a float32
+    one would train in float32, and a float32 one after it in float64. So set and restore both.
+    """
+    floatx, policy = keras.config.floatx(), keras.config.dtype_policy()
     keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")
     yield
-    keras.config.set_floatx("float32")
+    keras.config.set_floatx(floatx)
+    keras.config.set_dtype_policy(policy)
 
 
 def _model(seed: int, width: int = 5):
