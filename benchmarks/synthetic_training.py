@@ -7,6 +7,8 @@ parallelism; after warm-up steps, timed iterations of a few steps each give img/
 
     local         no communication at all: the compute part (at 1 rank: the compute time)
     hvdlite       horovodlite.torch.DistributedOptimizer (this venv's MPICH)
+    hvdlite-gloo  the same with HOROVODLITE_TRANSPORT=gloo: the gradients' data over
+                  torch.distributed's Gloo, the agreement over MPI (not run unless asked)
     horovod-mpi   real Horovod's DistributedOptimizer, MPI controller and operations
     horovod-gloo  real Horovod's DistributedOptimizer, Gloo controller and operations
     ddp           torch DistributedDataParallel on the Gloo backend
@@ -152,8 +154,8 @@ def _rank_and_size() -> tuple:
 
 def _distributed(contender: str, model, optimizer):
     """Wrap `model` and `optimizer` in the contender's data parallelism; return both."""
-    if contender in ("hvdlite", "horovod-mpi", "horovod-gloo"):
-        if contender == "hvdlite":
+    if contender in ("hvdlite", "hvdlite-gloo", "horovod-mpi", "horovod-gloo"):
+        if contender.startswith("hvdlite"):
             import horovodlite.torch as hvd
         else:
             if "HOROVOD_GLOO_RENDEZVOUS_ADDR" in os.environ and "PMI_RANK" in os.environ:
@@ -227,6 +229,8 @@ def _contender_env(contender: str, master: str) -> dict:
         env |= {"MASTER_ADDR": master, "MASTER_PORT": str(random.randint(20000, 40000))}
     if contender == "horovod-mpi":
         env |= {"HOROVOD_CONTROLLER": "mpi", "HOROVOD_CPU_OPERATIONS": "mpi"}
+    if contender == "hvdlite-gloo":
+        env |= {"HOROVODLITE_TRANSPORT": "gloo"}
     return env
 
 
@@ -497,8 +501,8 @@ def plot(results: list, path: str) -> None:
     for ax, res in zip(axes[0], results):
         names = [c for c, v in res["median_img_per_s"].items() if v and c != "local@1"]
         values = [res["median_img_per_s"][c] for c in names]
-        colors = ["tab:green" if c == "hvdlite" else "tab:gray" if c == "local" else "tab:blue"
-                  for c in names]  # fmt: skip
+        colors = ["tab:green" if c.startswith("hvdlite") else "tab:gray" if c == "local"
+                  else "tab:blue" for c in names]  # fmt: skip
         ax.bar(names, values, color=colors)
         for i, value in enumerate(values):
             ax.text(i, value, f"{value:.1f}", ha="center", va="bottom", fontsize=8)
