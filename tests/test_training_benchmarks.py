@@ -105,14 +105,15 @@ def test_synthetic_training_benchmark(tmp_path):
     out = tmp_path / "synthetic.json"
     result = subprocess.run(
         [sys.executable, str(BENCHMARKS / "synthetic_training.py"), "--settings", "host",
-         "--contenders", "hvdlite", "--model", "tiny", "--image-size", "32", "--batch-size", "2",
-         "--warmup", "1", "--steps", "1", "--iters", "1", "--runs", "1", "--out", str(out)],
+         "--contenders", "hvdlite,hvdlite-gloo", "--model", "tiny", "--image-size", "32",
+         "--batch-size", "2", "--warmup", "1", "--steps", "1", "--iters", "1", "--runs", "1",
+         "--out", str(out)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     (row,) = json.loads(out.read_text())["results"]
     assert row["np"] == 2 and row["parameters"] == 9224 and row["bounds"]["compute_s"] > 0
-    assert set(row["median_img_per_s"]) == {"local@1", "local", "hvdlite"}
+    assert set(row["median_img_per_s"]) == {"local@1", "local", "hvdlite", "hvdlite-gloo"}
     assert all(value > 0 for value in row["median_img_per_s"].values())
 
 
