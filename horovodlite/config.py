@@ -92,6 +92,9 @@ class Settings:
             CUDA-aware MPI, else MPI through host memory), "mpi", "gloo" (torch.distributed's
             Gloo for host buffers), "nccl" (torch.distributed's NCCL for GPU buffers) or
             "cupy-nccl" (CuPy's NCCL binding for GPU buffers).
+        gloo_iface: GLOO_IFACE (Horovod's too): the network interface whose address the `gloo`
+            transport uses across hosts (else torch's GLOO_SOCKET_IFNAME, else the address of
+            the host's name; hosts.py).
     """
 
     check_metadata: bool = True
@@ -113,6 +116,7 @@ class Settings:
     elastic_hosts_baseline: Optional[int] = None
     elastic_restart: int = 0
     transport: str = "auto"
+    gloo_iface: Optional[str] = None
 
     @classmethod
     def from_environment(cls) -> "Settings":
@@ -155,6 +159,7 @@ class Settings:
             elastic_hosts_baseline=env_value("ELASTIC_HOSTS_BASELINE", None, int),
             elastic_restart=env_value("ELASTIC_RESTART", 0, int),
             transport=env_value("TRANSPORT", "auto", _transport_name),
+            gloo_iface=env_value("GLOO_IFACE", None, str, horovod=True),
         )
 
 

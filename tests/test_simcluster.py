@@ -6,6 +6,7 @@ namespace or a bridge cannot be created.
 
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -112,7 +113,7 @@ def test_not_started_cluster_refuses_to_run():
 # -- on a cluster -------------------------------------------------------------------------------
 
 
-def _rank_pytest(cluster, np: int, slots: int, module: str, timeout: float):
+def _rank_pytest(cluster, np: int, slots: int, module: str, timeout: float, env=None):
     return cluster.run(
         np,
         [sys.executable, "-m", "mpi4py", "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -121,7 +122,7 @@ def _rank_pytest(cluster, np: int, slots: int, module: str, timeout: float):
         slots_per_host=slots,
         timeout=timeout,
         env={"HOROVODLITE_TEST_SLOTS_PER_HOST": str(slots),
-             "HOROVODLITE_TEST_ROOT_NETNS": ROOT_NETNS},
+             "HOROVODLITE_TEST_ROOT_NETNS": ROOT_NETNS, **(env or {})},
     )  # fmt: skip
 
 
@@ -139,6 +140,47 @@ def test_uneven_hosts_choose_alike(cluster):
     result = _rank_pytest(cluster, 3, 2, "multihost_uneven.py", timeout=120)
     assert result.returncode == 0, result.stdout[-20000:]
     assert result.stdout.count("3 passed") == 3, result.stdout[-5000:]
+
+
+@pytest.fixture
+def host_name_on_loopback(cluster):
+    """Make this machine's name resolve to 127.0.1.1 inside the simulated hosts, as the
+    /etc/hosts of many Linux installs does (`ip netns exec` mounts /etc/netns/NS/hosts)."""
+    folders = [os.path.join("/etc/netns", host.namespace) for host in cluster.hosts]
+    try:
+        for folder in folders:
+            os.makedirs(folder)
+            with open(os.path.join(folder, "hosts"), "w") as f:
+                f.write(f"127.0.0.1 localhost\n127.0.1.1 {platform.node()}\n")
+        yield
+    finally:
+        for folder in folders:
+            if os.path.exists(os.path.join(folder, "hosts")):
+                os.remove(os.path.join(folder, "hosts"))
+            if os.path.isdir(folder):
+                os.rmdir(folder)
+
+
+@pytest.mark.netns
+def test_gloo_transport_across_hosts(cluster):
+    """HOROVODLITE_TRANSPORT=gloo on 3 ranks over 2 hosts, the interface named Horovod's way."""
+    pytest.importorskip("torch")
+    env = {"HOROVODLITE_TRANSPORT": "gloo", "GLOO_SOCKET_IFNAME": "", "HOROVOD_GLOO_IFACE": "eth0",
+           "HOROVODLITE_TEST_GLOO_EXPECT": "works"}  # fmt: skip
+    result = _rank_pytest(cluster, 3, 2, "multihost_gloo.py", timeout=180, env=env)
+    assert result.returncode == 0, result.stdout[-20000:]
+    assert result.stdout.count("2 passed, 1 skipped") == 3, result.stdout[-5000:]
+
+
+@pytest.mark.netns
+def test_gloo_transport_without_an_address_fails_at_once(cluster, host_name_on_loopback):
+    """No interface named and the host name on loopback: a clear error on every rank, no wait."""
+    pytest.importorskip("torch")
+    env = {"HOROVODLITE_TRANSPORT": "gloo", "GLOO_SOCKET_IFNAME": "",
+           "HOROVODLITE_TEST_GLOO_EXPECT": "unreachable"}  # fmt: skip
+    result = _rank_pytest(cluster, 3, 2, "multihost_gloo.py", timeout=120, env=env)
+    assert result.returncode == 0, result.stdout[-20000:]
+    assert result.stdout.count("2 passed, 1 skipped") == 3, result.stdout[-5000:]
 
 
 @pytest.mark.netns

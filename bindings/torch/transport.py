@@ -1,11 +1,14 @@
 """torch.distributed's Gloo and NCCL as horovodlite transports (horovodlite/transport.py).
 
-Importing horovodlite.torch registers them: `gloo` moves host buffers, `nccl` GPU buffers. Each
-MPI communicator of horovodlite (a process set's, the engine's) gets its own torch process group,
-built from horovodlite's MPI world the first time the ranks move data on it: its rank 0 starts a
-TCPStore on a free port and broadcasts the address over MPI, so there is no second launcher and
-no environment variable to set. The ranks agree on every collective over MPI first, exactly as on
-the MPI transport; the group only moves the agreed buffers, in the agreed order.
+Importing horovodlite.torch registers them: `gloo` moves host buffers, `nccl` GPU buffers. Each MPI
+communicator of horovodlite (a process set's, the engine's) gets its own torch process group, built
+from horovodlite's MPI world the first time the ranks move data on it: its rank 0 starts a TCPStore
+on a free port and broadcasts the address over MPI, so there is no second launcher. On one host the
+sockets use loopback; across hosts, the address of the interface named by HOROVODLITE_GLOO_IFACE
+(Horovod's HOROVOD_GLOO_IFACE, torch's GLOO_SOCKET_IFNAME), else of the host's name, and a name
+that resolves to loopback fails at once on every rank (hosts.py). The ranks agree on every
+collective over MPI first, exactly as on the MPI transport; the group only moves the agreed
+buffers, in the agreed order.
 
 The buffers arrive as numpy or CuPy arrays (tensors.py made them) and are viewed as tensors
 without copying. A Gloo operation waits at most the collective timeout
@@ -15,7 +18,7 @@ fail at once with a HorovodLiteError.
 
 import datetime
 import functools
-import socket
+import os
 
 import ml_dtypes
 import numpy as np
@@ -24,6 +27,7 @@ from mpi4py import MPI
 import torch
 import torch.distributed as dist
 from horovodlite.exceptions import HorovodLiteError
+from horovodlite.hosts import one_host, reachable_address
 from horovodlite.ops import ReduceOp
 from horovodlite.transport import GroupTransport, register
 
@@ -66,14 +70,15 @@ class TorchTransport(GroupTransport):
 
     reducible = _REDUCIBLE
 
-    def __init__(self, backend: str, timeout: float):
+    def __init__(self, backend: str, timeout: float, interface: str = ""):
         super().__init__()
         self.name, self.device = backend, backend == "nccl"
         self.timeout = datetime.timedelta(seconds=timeout)
+        self.interface = interface
 
     def make_group(self, comm) -> _Group:
-        local = len(set(comm.allgather(MPI.Get_processor_name()))) == 1
-        store = _store(comm, local, self.timeout)
+        address, local = _address(comm, self.interface, self.name)
+        store = _store(comm, address, self.timeout)
         if self.device:
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = self.timeout
@@ -83,13 +88,12 @@ class TorchTransport(GroupTransport):
             )
         options = dist.ProcessGroupGloo._Options()
         options._timeout = self.timeout
-        # On one host, loopback: it needs no name lookup. Across hosts, the address of this
-        # host's name, as torch.distributed's own default.
-        options._devices = [
-            dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")
-            if local
-            else dist.ProcessGroupGloo.create_default_device()
-        ]
+        # Gloo's sockets: on the interface named, else on the address found for this rank.
+        if self.interface and not local:
+            device = dist.ProcessGroupGloo.create_device(interface=self.interface)
+        else:
+            device = dist.ProcessGroupGloo.create_device(hostname=address)
+        options._devices = [device]
         return _Group(dist.ProcessGroupGloo(store, comm.rank, comm.size, options), store)
 
     def _wait(self, group: _Group, work) -> None:
@@ -152,11 +156,36 @@ class TorchTransport(GroupTransport):
         self._wait(group, group.backend.barrier(dist.BarrierOptions()))
 
 
-def _store(comm, local: bool, timeout: datetime.timedelta):
+def _address(comm, interface: str, backend: str) -> tuple:
+    """Return (this rank's address for `backend`'s sockets, whether `comm` is on one host).
+
+    Collective on `comm`. On one host, loopback: it needs no name lookup. Across hosts, the
+    address of `interface`, else of the host's name (hosts.py); where some rank has none that
+    other hosts can reach, every rank raises HorovodLiteError naming the hosts at once, instead
+    of waiting for connections that never come until the collective timeout.
+    """
+    if one_host(comm):
+        return "127.0.0.1", True
+    address, problem = reachable_address(interface)
+    problems = {
+        f"host {host!r}: {text}"
+        for host, text in comm.allgather((MPI.Get_processor_name(), problem))
+        if text
+    }
+    if problems:
+        raise HorovodLiteError(
+            f"the {backend} transport spans several hosts but cannot tell them where to "
+            f"connect: {'; '.join(sorted(problems))}. Set HOROVODLITE_GLOO_IFACE (or "
+            "HOROVOD_GLOO_IFACE, or GLOO_SOCKET_IFNAME) to the network interface that connects "
+            "the hosts, such as eth0, or make the host names resolve to their network addresses"
+        )
+    return address, False
+
+
+def _store(comm, address: str, timeout: datetime.timedelta):
     """Return a TCPStore for `comm`: its rank 0 serves it on a free port, told to all over MPI."""
-    address = port = server = None
+    port = server = None
     if comm.rank == 0:
-        address = "127.0.0.1" if local else socket.getfqdn()
         server = dist.TCPStore(address, 0, comm.size, True, timeout=timeout, wait_for_workers=False)
         port = server.port
     address, port = comm.bcast((address, port), root=0)
@@ -166,21 +195,26 @@ def _store(comm, local: bool, timeout: datetime.timedelta):
 
 
 @functools.cache
-def _transport(backend: str, timeout: float):
+def _transport(backend: str, timeout: float, interface: str):
     """Return the transport for `backend`, or None where this torch cannot run it."""
     if backend == "gloo" and not dist.is_gloo_available():
         return None
     if backend == "nccl" and not (dist.is_nccl_available() and torch.cuda.is_available()):
         return None
-    return TorchTransport(backend, timeout)
+    return TorchTransport(backend, timeout, interface)
+
+
+def _interface(settings) -> str:
+    """The network interface for addresses across hosts: horovodlite's, else torch's, else ""."""
+    return settings.gloo_iface or os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
 
 
 def _gloo(settings):
-    return _transport("gloo", settings.collective_timeout)
+    return _transport("gloo", settings.collective_timeout, _interface(settings))
 
 
 def _nccl(settings):
-    return _transport("nccl", settings.collective_timeout)
+    return _transport("nccl", settings.collective_timeout, _interface(settings))
 
 
 register("gloo", _gloo)

@@ -23,6 +23,8 @@ from typing import Callable, NamedTuple
 import numpy as np
 from mpi4py import MPI
 
+from horovodlite.hosts import interface_address
+
 __all__ = ["ALL_CONTENDERS", "COLLECTIVES", "Case", "Contender", "make_contenders", "pattern"]
 
 COLLECTIVES = ("allreduce", "broadcast", "allgather", "reducescatter")
@@ -205,18 +207,6 @@ class MpiNative(Contender):
         self.comm.Free()
 
 
-def _interface_address(name: str) -> str:
-    """Return the IPv4 address of network interface `name` (Linux)."""
-    import fcntl
-    import socket
-    import struct
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        request = struct.pack("256s", name[:15].encode())
-        packed = fcntl.ioctl(sock.fileno(), 0x8915, request)  # SIOCGIFADDR
-    return socket.inet_ntoa(packed[20:24])
-
-
 class Gloo(Contender):
     """torch.distributed on Gloo over TCP; rank 0 hosts the store, its port sent over MPI.
 
@@ -232,7 +222,7 @@ class Gloo(Contender):
 
         self.torch, self.dist = __import__("torch"), dist
         interface = os.environ.get("GLOO_SOCKET_IFNAME")
-        address = _interface_address(interface) if interface else "127.0.0.1"
+        address = interface_address(interface) if interface else "127.0.0.1"
         timeout = timedelta(seconds=timeout_s)
         store = None
         if comm.rank == 0:
