@@ -10,11 +10,22 @@ n-1 steps; storing it during the all-gather), so what a rank sends at step t+1 i
 received at step t. Chunks travel as segments, and each segment goes on to the right as soon as
 it has arrived and been reduced, while the rest of the step is still on the wire: the link never
 waits for a whole step to finish, nor for Python to reduce the step's last segment.
+
+How a rank waits for a segment depends on where its neighbours are. On one host MPI's own wait
+spins: a segment over shared memory takes microseconds. Across hosts the same spin would burn a
+core for the whole transfer (MPICH polls its network until the data is there), a core the
+training's computation needs wherever ranks share cores; so there the ring tests its requests
+between short sleeps, which costs a few percent of a core and a little latency.
 """
+
+import os
+import time
+import weakref
 
 from mpi4py import MPI
 
 from ..buffers import wire_type
+from ..hosts import one_host
 from ..ops import reduce_into
 from .scratch import chunk_bounds, scratch
 
@@ -33,6 +44,46 @@ def _segments(start: int, stop: int, step: int):
     return [(lo, min(lo + step, stop)) for lo in range(start, stop, step)] or [(start, start)]
 
 
+# A request that crosses the network is tested, yielding the core between tests, for
+# _SPIN_SECONDS (on a fast link a segment arrives within it: 1 MiB takes 84 µs at 100 Gbit/s),
+# then between sleeps that double up to _MAX_SLEEP. The sleeps stay short because MPI moves
+# data only while it is called: a test refills the socket's buffer, which at 1 Gbit/s drains in
+# a millisecond or two. Sleeps that grew with the wait (up to 1/16 of it) left the link idle:
+# 2.8 to 4.3 img/s on 4 simulated hosts, against 7.7 to 7.8 with these and 6.7 to 7.1 spinning
+# (docs/training-speed.md).
+_SPIN_SECONDS, _FIRST_SLEEP, _MAX_SLEEP = 200e-6, 20e-6, 200e-6
+
+# Communicator -> whether all its ranks share one host; learnt at its first ring (a collective
+# of all its ranks, as the ring is), dropped with the communicator.
+_on_one_host: dict = {}
+
+
+def _waits_for(comm):
+    """Return (wait(request), wait_all(requests)) for ring requests on `comm` (see the module
+    text): MPI's own where the ranks share a host, else tests between sleeps."""
+    key = id(comm)
+    if key not in _on_one_host:
+        _on_one_host[key] = one_host(comm)
+        weakref.finalize(comm, _on_one_host.pop, key, None)
+    if _on_one_host[key]:
+        return MPI.Request.Wait, MPI.Request.Waitall
+    return _network_wait, lambda requests: [_network_wait(request) for request in requests]
+
+
+def _network_wait(request) -> None:
+    if request.Test():
+        return
+    start = time.perf_counter()
+    while time.perf_counter() - start < _SPIN_SECONDS:
+        os.sched_yield()
+        if request.Test():
+            return
+    delay = _FIRST_SLEEP
+    while not request.Test():
+        time.sleep(delay)
+        delay = min(2 * delay, _MAX_SLEEP)
+
+
 def _ring_steps(comm, buf, bounds, op, xp, segment_bytes: int, first: int, last: int) -> None:
     """Run steps `first` to `last - 1` of the 2(n-1) ring steps on `buf` (see the module text).
 
@@ -42,6 +93,7 @@ def _ring_steps(comm, buf, bounds, op, xp, segment_bytes: int, first: int, last:
     n, r = comm.size, comm.rank
     if first >= last:
         return
+    wait, wait_all = _waits_for(comm)
     right, left = (r + 1) % n, (r - 1) % n
     wire = wire_type(buf.dtype)
     segment = max(1, segment_bytes // buf.dtype.itemsize)
@@ -59,7 +111,7 @@ def _ring_steps(comm, buf, bounds, op, xp, segment_bytes: int, first: int, last:
         still = []
         for send in sending:
             if send[0] < hi and lo < send[1]:
-                send[2].Wait()
+                wait(send[2])
             else:
                 still.append(send)
         sending[:] = still
@@ -88,13 +140,13 @@ def _ring_steps(comm, buf, bounds, op, xp, segment_bytes: int, first: int, last:
         ahead = post_receives(t + 1)
         start = bounds[(r - t - 2) % n][0]
         for (lo, hi), request in zip(received_segments(t), receives):
-            request.Wait()
+            wait(request)
             if t < n - 1:
                 reduce_into(xp, buf[lo:hi], incoming[t % 2][lo - start : hi - start], op)
             if t + 1 < last:
                 send(lo, hi)  # what arrived at step t leaves at step t+1
         receives = ahead
-    MPI.Request.Waitall([request for _, _, request in sending])
+    wait_all([request for _, _, request in sending])
 
 
 def scatter_reduce(comm, buf, bounds, op, xp, segment_bytes: int) -> None:
