@@ -31,7 +31,7 @@ from .handles import Handle, Request
 from .plan import Plan
 from .timeline import Timeline
 from .waiting import teardown_later
-from .wakeup import Wakeup, gathering_left
+from .wakeup import GATHER_ACROSS_HOSTS, GATHER_ONE_HOST, Wakeup, gathering_left
 
 __all__ = ["Engine", "Handle"]
 
@@ -70,6 +70,9 @@ class Engine:
         self.timeout = settings.collective_timeout
         self.segment_bytes = settings.ring_segment_bytes
         self.overlap = _overlap_pays(state) if settings.overlap is None else settings.overlap
+        # Without overlap: how long to gather this rank's requests (wakeup.py).
+        one_host = state.local_comm.size == state.comm.size
+        self._gather = GATHER_ONE_HOST if one_host else GATHER_ACROSS_HOSTS
         self.timeline = None
         self._lock = threading.Lock()
         self._wakeup = Wakeup(self.comm, state.generation)
@@ -200,7 +203,7 @@ class Engine:
             if self._joined or self._stop_requested:
                 return 0.0
             mine = self._incoming + list(self._pending.values())
-        return gathering_left([request.submitted for request in mine])
+        return gathering_left([request.submitted for request in mine], *self._gather)
 
     def _negotiate(self, vector: np.ndarray) -> np.ndarray:
         """MIN-all-reduce `vector` with every rank's engine."""

@@ -15,7 +15,8 @@ An awake engine cycles once per cycle time, so that requests submitted meanwhile
 pass's gradients) are negotiated and fused together rather than one cycle each. A submission
 does not shorten that pause; somebody waiting for a result (synchronize(), join(), shutdown())
 does (`flush`): nothing else is coming from that thread. Where a rank has no spare core, its
-engine does not cycle while its own requests keep coming and nobody waits (`gathering_left`).
+engine does not cycle while its own requests keep coming and nobody waits (`gathering_left`),
+for longer on one host than across hosts.
 """
 
 import contextlib
@@ -27,24 +28,32 @@ from mpi4py import MPI
 
 from .waiting import Inbox
 
-__all__ = ["Wakeup", "gathering_left"]
+__all__ = ["Wakeup", "gathering_left", "GATHER_ONE_HOST", "GATHER_ACROSS_HOSTS"]
 
 _TAG = 91
 _FIRST_POLL, _MAX_POLL, _LONG_POLL = 100e-6, 2e-3, 20e-3
 _LONG_SLEEP = 1.0  # seconds asleep after which notes are tested less often
 # A rank without a spare core gathers requests nobody waits for while more keep coming (a
-# backward pass, a loop of *_async calls), until _QUIET passes without a new one or the oldest
-# has waited _MAX_GATHER: work not waited for must still progress. Cycling after 50 ms instead
-# split ResNet-50's 161 gradients into two or three fused batches, each a ring of its own,
-# whenever submitting them took longer (a loaded machine).
-_QUIET, _MAX_GATHER = 0.05, 0.5
+# backward pass, a loop of *_async calls), until QUIET passes without a new one or the oldest
+# has waited LONGEST: work not waited for must still progress. The two depend on where the
+# bytes go. On one host moving them costs the computation's own CPU, so a cycle inside a
+# backward pass only adds a negotiation: with 50 ms and 0.5 s, ResNet-18's backward pass (whose
+# layers can take over 50 ms each) ran 35 to 230 cycles at 2 ranks on 2 cores and took 1.50 to
+# 1.59 s, against 0 cycles and 1.37 to 1.41 s with 0.5 s and 5 s (docs/training-speed.md).
+# Across hosts a transfer mostly waits on the network, and the first gradients' early start
+# hides it: there 50 ms and 0.5 s (cycling after 50 ms instead split ResNet-50's 161 gradients
+# into two or three fused batches, each a ring of its own, whenever submitting them took
+# longer, and gathering a whole backward pass delays the largest layers' transfer).
+GATHER_ONE_HOST = (0.5, 5.0)  # (QUIET, LONGEST) seconds
+GATHER_ACROSS_HOSTS = (0.05, 0.5)
 
 
-def gathering_left(submitted: list) -> float:
-    """Return how many more seconds to gather requests submitted at these monotonic times."""
+def gathering_left(submitted: list, quiet: float, longest: float) -> float:
+    """Return how many more seconds to gather requests submitted at these monotonic times:
+    until `quiet` seconds pass without a new one, or the oldest has waited `longest`."""
     if not submitted:
         return 0.0  # nothing of our own: cycle, other ranks may wait
-    until = min(max(submitted) + _QUIET, min(submitted) + _MAX_GATHER)
+    until = min(max(submitted) + quiet, min(submitted) + longest)
     return max(0.0, until - time.monotonic())
 
 

@@ -6,18 +6,20 @@ import numpy as np
 import pytest
 
 from horovodlite.staging import scale, scaled_copy
-from horovodlite.wakeup import gathering_left
+from horovodlite.wakeup import GATHER_ACROSS_HOSTS, GATHER_ONE_HOST, gathering_left
 
 
-def test_gathering_goes_on_while_requests_keep_coming():
+@pytest.mark.parametrize("quiet, longest", [GATHER_ACROSS_HOSTS, GATHER_ONE_HOST])
+def test_gathering_goes_on_while_requests_keep_coming(quiet, longest):
     # Times in the future and past by far, so that a descheduled test changes nothing.
-    assert gathering_left([]) == 0.0  # nothing of our own: cycle at once
-    assert gathering_left([time.monotonic() - 100]) == 0.0  # quiet for long
+    assert gathering_left([], quiet, longest) == 0.0  # nothing of our own: cycle at once
+    assert gathering_left([time.monotonic() - 100], quiet, longest) == 0.0  # quiet for long
     future = time.monotonic() + 100
-    recent = gathering_left([future])  # 50 ms after the newest
-    capped = gathering_left([future - 0.6, future])  # 0.5 s after the oldest comes first
-    assert 99 < recent <= 100.05
-    assert capped <= recent - 0.15 + 1e-9
+    recent = gathering_left([future], quiet, longest)  # `quiet` after the newest
+    # `longest` after the oldest comes first
+    capped = gathering_left([future - longest - 0.1, future], quiet, longest)
+    assert 100 + quiet - 1 < recent <= 100 + quiet
+    assert capped <= recent - 0.1 + 1e-9
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int32, np.int64])

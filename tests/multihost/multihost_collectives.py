@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import horovodlite as hvd
+from horovodlite.wakeup import GATHER_ACROSS_HOSTS
 
 SLOTS = int(os.environ["HOROVODLITE_TEST_SLOTS_PER_HOST"])
 ROOT_NETNS = int(os.environ["HOROVODLITE_TEST_ROOT_NETNS"])
@@ -53,6 +54,8 @@ def test_placement_and_topology():
     assert hvd.cross_rank() == rank // SLOTS
     assert hvd.cross_size() == size // SLOTS
     assert hvd.is_homogeneous()
+    # Across hosts the engine gathers requests for the shorter time (wakeup.py).
+    assert hvd.state.current().engine._gather == GATHER_ACROSS_HOSTS
     # The independent oracle: which network namespace (simulated host) each process is in.
     namespaces = hvd.allgather_object(os.stat("/proc/self/ns/net").st_ino)
     assert ROOT_NETNS not in namespaces, "a rank runs in the root network namespace"

@@ -22,6 +22,7 @@ from oracle import (
 )
 
 import horovodlite as hvd
+from horovodlite.wakeup import GATHER_ONE_HOST
 
 THREADS = 3
 WORLD_SIZE = MPI.COMM_WORLD.Get_size()  # known before the session's init()
@@ -535,6 +536,31 @@ def test_sync_calls_interleave_with_async_ones(overlap):
     for step, i, handle in handles:
         inputs = [rank_values((i + 1, 3), np.float64, k, 200 + 4 * step + i) for k in range(n)]
         assert_reduced(hvd.synchronize(handle), reduce_expected(inputs, hvd.Sum))
+
+
+def test_without_overlap_requests_nobody_waits_for_still_run():
+    # A rank with no spare core gathers its requests while more keep coming; on one host it
+    # gathers for longer (wakeup.GATHER_ONE_HOST), but work that nobody waits for still runs
+    # once submissions stop. Nothing here asks for the result (done() and synchronize() would
+    # end the gathering) until its event is set.
+    eng = engine()
+    assert eng._gather == GATHER_ONE_HOST  # these jobs run on one host
+    before, eng.overlap = eng.overlap, False
+    try:
+        hvd.barrier()
+        x = np.full(3, float(hvd.rank()))
+        handle = hvd.allreduce_async(x, op=hvd.Sum, name="unwaited")
+        started = time.monotonic()
+        deadline = started + 60  # a guard against a hang only
+        while not handle._requests[0].event.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        took = time.monotonic() - started
+        assert handle._requests[0].event.is_set(), "a request nobody waited for never ran"
+        assert took >= GATHER_ONE_HOST[0] - 0.05, f"ran after {took:.3f} s: it was not gathered"
+        n = hvd.size()
+        np.testing.assert_array_equal(hvd.synchronize(handle), np.full(3, n * (n - 1) / 2))
+    finally:
+        eng.overlap = before
 
 
 # ---------------------------------------------------------------------------------------------
