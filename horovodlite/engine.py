@@ -31,7 +31,7 @@ from .handles import Handle, Request
 from .plan import Plan
 from .timeline import Timeline
 from .waiting import teardown_later
-from .wakeup import GATHER_ACROSS_HOSTS, GATHER_ONE_HOST, Wakeup, gathering_left
+from .wakeup import Wakeup, gathering_left, gathering_times
 
 __all__ = ["Engine", "Handle"]
 
@@ -70,9 +70,7 @@ class Engine:
         self.timeout = settings.collective_timeout
         self.segment_bytes = settings.ring_segment_bytes
         self.overlap = _overlap_pays(state) if settings.overlap is None else settings.overlap
-        # Without overlap: how long to gather this rank's requests (wakeup.py).
-        one_host = state.local_comm.size == state.comm.size
-        self._gather = GATHER_ONE_HOST if one_host else GATHER_ACROSS_HOSTS
+        self._gather = gathering_times(one_host=state.local_comm.size == state.comm.size)
         self.timeline = None
         self._lock = threading.Lock()
         self._wakeup = Wakeup(self.comm, state.generation)
@@ -82,9 +80,8 @@ class Engine:
         self._cache: dict = {}  # key -> _CacheEntry, the same on every rank
         self._cache_keys: list = []  # index -> key
         self._auto_names: dict = {}
-        self._stop_requested = False
+        self._stop_requested = self._joined = False
         self._stopped = None  # the error that stopped the engine
-        self._joined = False
         self._join_done = threading.Event()
         self._join_result = None
         self._joined_before: set = set()

@@ -28,7 +28,13 @@ from mpi4py import MPI
 
 from .waiting import Inbox
 
-__all__ = ["Wakeup", "gathering_left", "GATHER_ONE_HOST", "GATHER_ACROSS_HOSTS"]
+__all__ = [
+    "Wakeup",
+    "gathering_left",
+    "gathering_times",
+    "GATHER_ONE_HOST",
+    "GATHER_ACROSS_HOSTS",
+]
 
 _TAG = 91
 _FIRST_POLL, _MAX_POLL, _LONG_POLL = 100e-6, 2e-3, 20e-3
@@ -46,6 +52,11 @@ _LONG_SLEEP = 1.0  # seconds asleep after which notes are tested less often
 # longer, and gathering a whole backward pass delays the largest layers' transfer).
 GATHER_ONE_HOST = (0.5, 5.0)  # (QUIET, LONGEST) seconds
 GATHER_ACROSS_HOSTS = (0.05, 0.5)
+
+
+def gathering_times(one_host: bool) -> tuple:
+    """Return (quiet, longest): how long a rank without a spare core gathers its requests."""
+    return GATHER_ONE_HOST if one_host else GATHER_ACROSS_HOSTS
 
 
 def gathering_left(submitted: list, quiet: float, longest: float) -> float:
