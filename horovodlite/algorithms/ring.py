@@ -67,7 +67,7 @@ def _waits_for(comm):
         weakref.finalize(comm, _on_one_host.pop, key, None)
     if _on_one_host[key]:
         return MPI.Request.Wait, MPI.Request.Waitall
-    return _network_wait, lambda requests: [_network_wait(request) for request in requests]
+    return _network_wait, _network_wait_all
 
 
 def _network_wait(request) -> None:
@@ -82,6 +82,11 @@ def _network_wait(request) -> None:
     while not request.Test():
         time.sleep(delay)
         delay = min(2 * delay, _MAX_SLEEP)
+
+
+def _network_wait_all(requests) -> None:
+    for request in requests:
+        _network_wait(request)
 
 
 def _ring_steps(comm, buf, bounds, op, xp, segment_bytes: int, first: int, last: int) -> None:
