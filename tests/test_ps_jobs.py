@@ -72,6 +72,32 @@ def test_a_server_that_dies_ends_the_job_with_a_clear_error_on_every_worker(np):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("np, how", [(2, "between-parts"), (3, "mid-array"), (4, "between-parts")])
+def test_a_server_that_dies_mid_message_gives_every_worker_the_clear_error(np, how):
+    # Before messages.py, worker 0 waited forever for the parts after the first (pkl5's
+    # blocking probe), or got a bare MPI error where MPICH copied the array from the dead rank.
+    out = run_surviving(np, "ps_sender_dies.py", "server", how, timeout=60)
+    for worker in range(np - 1):
+        assert f"worker {worker}: HorovodLiteError: parameter server rank {np - 1}" in out, out
+    assert "MPI error" not in out and "Traceback" not in out, out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np, how", [(2, "between-parts"), (3, "mid-array"), (4, "between-parts")])
+def test_a_worker_that_dies_mid_message_leaves_the_server_running(np, how):
+    out = run_surviving(np, "ps_sender_dies.py", "worker", how, timeout=60)
+    dying = np - 2
+    for worker in range(dying):
+        assert f"worker {worker} finished 5 steps: dead workers [{dying}]" in out, out
+    # A whole push read before its sender was gone counts (a race the job cannot rule out).
+    counted = 1 if how == "mid-array" and f"{{'{dying}': 1}}" in out else 0
+    assert (
+        f"server done: {5 * dying + counted} updates, dead workers {{'{dying}': {counted}}}" in out
+    ), out
+    assert "Traceback" not in out, out
+
+
+@pytest.mark.mpi
 def test_horovodlite_run_parameter_servers_lets_a_job_outlive_a_dying_worker():
     status, out = horovodlite_run(["--parameter-servers", "-np", "3"], "ps_worker_dies.py",
                                   1, "none")  # fmt: skip

@@ -1,7 +1,7 @@
 """The messages between workers and servers, on the job's own duplicate communicator.
 
-Every message is one Python object sent with mpi4py's pickle-5 point-to-point (mpi4py.util.pkl5),
-which sends numpy arrays out of band, without copying them into the pickle. Worker to server:
+Every message is one Python object (messages.py: pickle protocol 5, numpy arrays sent out of
+band, without copying them into the pickle). Worker to server:
 
 - PULL `step`: send me the dense parameters for my step `step` (answered when the consistency
   rule allows: clocks.py).

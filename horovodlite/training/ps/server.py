@@ -20,6 +20,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from horovodlite.exceptions import HorovodLiteError
+
+from . import messages
 from . import protocol as p
 from .clocks import Clocks
 from .stats import ServerStats
@@ -28,13 +31,18 @@ from .waits import wait_for
 __all__ = ["ServerLoop"]
 
 _log = logging.getLogger("horovodlite.ps")
+_SENDER_DIED = object()  # what _receive returns for a message whose worker died sending it
+
+
+class _SenderDied(Exception):
+    pass
 
 
 class ServerLoop:
-    """Serve `workers` (ranks of `comm`, a pkl5 communicator) until each is done or dead.
+    """Serve `workers` (ranks of `comm`) until each is done or dead.
 
     Args:
-        comm: an mpi4py.util.pkl5.Comm over the job's own duplicate communicator.
+        comm: the job's own duplicate communicator.
         workers: the worker ranks.
         peers: rank -> waits.Peer, to tell whether a silent worker still lives.
         store: the server's parameters and optimizer (see the module docstring).
@@ -56,24 +64,22 @@ class ServerLoop:
         self.pending: dict = {}  # worker -> True while its dense pull waits for the rule
         self.finished: set = set()  # workers that sent DONE
         self.step_pushes: dict = {}  # synchronous: worker -> its push of the open step
-        self._sends: list = []  # (destination, pkl5 request), kept until complete
+        self._sends: list = []  # (destination, messages.Outgoing), kept until complete
         self._byes: set = set()  # finished workers that have read their FINAL
 
     def serve(self) -> dict:
         """Run until every worker has finished or died; return this server's summary."""
-        status = MPI.Status()
 
         def next_message():
             # False ends the wait when the last live worker was found dead meanwhile.
-            return (
-                self.comm.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
-                if self.clocks.live
-                else False
-            )
+            if not self.clocks.live:
+                return False
+            return messages.arrived(self.comm, MPI.ANY_SOURCE, MPI.ANY_TAG)
 
         while (message := wait_for(next_message, self._check_workers)) is not False:
-            obj = message.recv()
-            self._handle(status.Get_source(), status.Get_tag(), obj)
+            obj = self._receive(message)
+            if obj is not _SENDER_DIED:
+                self._handle(message.source, message.tag, obj)
             self._answer_pulls()
             self._prune_sends()
             if not self.clocks.live:
@@ -94,6 +100,19 @@ class ServerLoop:
         return summary
 
     # -- messages -----------------------------------------------------------------------------
+
+    def _receive(self, message: messages.Incoming):
+        """Return the object `message` brings, or _SENDER_DIED if its worker died sending it."""
+
+        def check():
+            self._check_workers()
+            if message.source in self.clocks.dead:
+                raise _SenderDied
+
+        try:
+            return message.receive(check)
+        except _SenderDied:
+            return _SENDER_DIED
 
     def _handle(self, worker: int, tag: int, obj) -> None:
         self.stats.heard()
@@ -166,25 +185,33 @@ class ServerLoop:
 
     def _send(self, worker: int, tag: int, obj) -> None:
         self.stats.bytes_out += p.payload_bytes(obj)
-        self._sends.append((worker, self.comm.isend(obj, worker, tag)))
+        self._sends.append((worker, messages.post(self.comm, obj, worker, tag)))
 
     def _prune_sends(self) -> int:
         """Drop completed sends, and sends to dead workers (never completed); return the rest.
 
         A send to a worker that said BYE is dropped too if MPI fails it: the worker has left.
         """
-        kept = []
+        kept, failed = [], []
         for worker, request in self._sends:
             if worker in self.clocks.dead:
                 continue
             try:
-                if not request.test()[0]:
+                if not request.test():
                     kept.append((worker, request))
-            except MPI.Exception:
+            except MPI.Exception as e:
                 if worker not in self._byes:
-                    raise
+                    failed.append((worker, e))
         self._sends = kept
-        return len(kept)
+        if failed:
+            self._check_workers()  # a worker that died while it received: one death more
+        for worker, error in failed:
+            if worker not in self.clocks.dead:
+                raise HorovodLiteError(
+                    f"parameter server rank {self.comm.rank}: a message to "
+                    f"worker rank {worker} failed in MPI: {error}"
+                ) from error
+        return len(self._sends)
 
     def _check_workers(self) -> None:
         """Called during long waits: take workers whose process is gone for dead."""
@@ -206,10 +233,9 @@ class ServerLoop:
 
     def _farewells(self):
         """True once every send is complete and every finished worker that lives said BYE."""
-        status = MPI.Status()
-        while (message := self.comm.improbe(MPI.ANY_SOURCE, p.BYE, status)) is not None:
-            message.recv()
-            self._byes.add(status.Get_source())
+        while (message := messages.arrived(self.comm, MPI.ANY_SOURCE, p.BYE)) is not None:
+            if self._receive(message) is not _SENDER_DIED:
+                self._byes.add(message.source)
         waiting = self.finished - self.clocks.dead - self._byes
         return True if self._prune_sends() == 0 and not waiting else None
 

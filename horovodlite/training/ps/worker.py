@@ -1,8 +1,9 @@
 """A worker's side of the messages: pull, fetch rows, push, finish; framework free.
 
 Sends are non-blocking and kept until complete, so a push goes out while the worker loads its
-next batch; replies are waited for with waits.wait_for, which notices a server that died (its
-shard of the parameters is lost with it: the job cannot go on) and a wait past `timeout`.
+next batch; replies are waited for with waits.wait_for, whole messages included
+(messages.py), which notices a server that died (its shard of the parameters is lost with it:
+the job cannot go on) and a wait past `timeout`.
 """
 
 import time
@@ -12,6 +13,7 @@ from mpi4py import MPI
 
 from horovodlite.exceptions import HorovodLiteError
 
+from . import messages
 from . import protocol as p
 from .layout import owner_of_rows
 from .waits import wait_for
@@ -23,7 +25,7 @@ class WorkerClient:
     """The messages of one worker to every server.
 
     Args:
-        comm: an mpi4py.util.pkl5.Comm over the job's own duplicate communicator.
+        comm: the job's own duplicate communicator.
         servers: the server ranks, in shard order.
         peers: rank -> waits.Peer.
         sparse_bounds: {embedding index: row bounds of the servers (servers + 1 numbers)}.
@@ -107,7 +109,7 @@ class WorkerClient:
 
     def _send(self, server: int, tag: int, obj) -> None:
         self.bytes_sent += p.payload_bytes(obj)
-        self._sends.append(self.comm.isend(obj, server, tag))
+        self._sends.append(messages.post(self.comm, obj, server, tag))
 
     def _complete_sends(self, final: bool = False) -> None:
         """Wait until every send of this worker is complete.
@@ -122,11 +124,15 @@ class WorkerClient:
             pending = []
             for request in self._sends:
                 try:
-                    if not request.test()[0]:
+                    if not request.test():
                         pending.append(request)
-                except MPI.Exception:
+                except MPI.Exception as e:
                     if not final:
-                        raise
+                        check()  # a server that died while it received: that error
+                        raise HorovodLiteError(
+                            f"worker rank {self.comm.rank}: a message to a "
+                            f"parameter server failed in MPI: {e}"
+                        ) from e
             self._sends = pending
             return True if not self._sends or gone else None
 
@@ -146,10 +152,8 @@ class WorkerClient:
         wait_for(done, check)
 
     def _receive(self, server: int, tag: int, what: str):
-        start = time.monotonic()
-        message = wait_for(lambda: self.comm.improbe(server, tag),
-                           self._check_servers([server], what, start))  # fmt: skip
-        obj = message.recv()
+        check = self._check_servers([server], what, time.monotonic())
+        obj = wait_for(lambda: messages.arrived(self.comm, server, tag), check).receive(check)
         self.bytes_received += p.payload_bytes(obj)
         self.peers[server].heard = time.monotonic()
         return obj
