@@ -5,7 +5,9 @@ over MPI on every data plane; a transport only moves data that the ranks already
 the order they agreed on it. Every transport has the same methods on flat contiguous buffers
 (numpy, or CuPy for one that carries GPU buffers):
 
-    allreduce(comm, buf, op, xp, algorithm)        reduce `buf` in place
+    allreduce(comm, buf, op, xp, algorithm, finish) reduce `buf` in place, then `finish` it
+                                                    (in place, each element once; the ring
+                                                    finishes each chunk where it completes)
     reducescatter(comm, buf, bounds, op, xp, algorithm) -> this rank's chunk
     broadcast(comm, buf, root)                      root's `buf` into every rank's
     allgatherv(comm, own, out, counts)              every rank's part into `out`, in rank order
@@ -86,8 +88,14 @@ class MPITransport:
         """Return the algorithm that will all-reduce `buf` (the timeline names it)."""
         return algorithms.choose(requested, algorithms.ALLREDUCE, buf.nbytes, buf.dtype, xp, comm)
 
-    def allreduce(self, comm, buf, op, xp, algorithm: str) -> None:
-        algorithms.ALLREDUCE[algorithm](comm, buf, op, xp, self.segment_bytes)
+    def allreduce(self, comm, buf, op, xp, algorithm: str, finish=None) -> None:
+        run = algorithms.ALLREDUCE[algorithm]
+        if algorithm == "ring":  # finishes each chunk where it completes (algorithms/ring.py)
+            run(comm, buf, op, xp, self.segment_bytes, finish)
+            return
+        run(comm, buf, op, xp, self.segment_bytes)
+        if finish is not None:
+            finish(buf)
 
     def reducescatter(self, comm, buf, bounds, op, xp, requested):
         chosen = algorithms.choose(requested, algorithms.REDUCESCATTER, buf.nbytes, buf.dtype, xp)
@@ -157,9 +165,11 @@ class GroupTransport:
     def allreduce_algorithm(self, requested, buf, xp, comm) -> str:
         return self.name
 
-    def allreduce(self, comm, buf, op, xp, algorithm: str) -> None:
+    def allreduce(self, comm, buf, op, xp, algorithm: str, finish=None) -> None:
         if buf.size and comm.size > 1:
             self.reduce_all(self.group(comm), buf, op)
+        if finish is not None:
+            finish(buf)
 
     def reducescatter(self, comm, buf, bounds, op, xp, requested):
         lo, hi = bounds[comm.rank]

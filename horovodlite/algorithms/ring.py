@@ -11,6 +11,10 @@ received at step t. Chunks travel as segments, and each segment goes on to the r
 it has arrived and been reduced, while the rest of the step is still on the wire: the link never
 waits for a whole step to finish, nor for Python to reduce the step's last segment.
 
+A `finish` (an average's division) runs on each segment of a rank's own chunk as its reduction
+completes, while it is still in cache, before it goes around: each rank finishes 1/n of the
+buffer instead of all of it after the ring, and every rank still ends with the same bits.
+
 How a rank waits for a segment depends on where its neighbours are. On one host MPI's own wait
 spins: a segment over shared memory takes microseconds. Across hosts the same spin would burn a
 core for the whole transfer (MPICH polls its network until the data is there), a core the
@@ -89,7 +93,8 @@ def _network_wait_all(requests) -> None:
         _network_wait(request)
 
 
-def _ring_steps(comm, buf, bounds, op, xp, segment_bytes: int, first: int, last: int) -> None:
+def _ring_steps(comm, buf, bounds, op, xp, segment_bytes: int, first: int, last: int,
+                finish=None) -> None:  # fmt: skip
     """Run steps `first` to `last - 1` of the 2(n-1) ring steps on `buf` (see the module text).
 
     Steps below n-1 reduce what they receive; the others store it. One receive-ahead: a step's
@@ -148,6 +153,8 @@ def _ring_steps(comm, buf, bounds, op, xp, segment_bytes: int, first: int, last:
             wait(request)
             if t < n - 1:
                 reduce_into(xp, buf[lo:hi], incoming[t % 2][lo - start : hi - start], op)
+                if t == n - 2 and finish is not None:  # this rank's own chunk, now complete
+                    finish(buf[lo:hi])
             if t + 1 < last:
                 send(lo, hi)  # what arrived at step t leaves at step t+1
         receives = ahead
@@ -182,12 +189,18 @@ def ring_allgatherv(comm, own, out, counts, segment_bytes: int) -> None:
     allgather_chunks(comm, out, bounds, segment_bytes)
 
 
-def ring_allreduce(comm, buf, op, xp, segment_bytes: int) -> None:
-    """All-reduce the flat contiguous `buf` in place with the ring algorithm."""
+def ring_allreduce(comm, buf, op, xp, segment_bytes: int, finish=None) -> None:
+    """All-reduce the flat contiguous `buf` in place with the ring algorithm.
+
+    `finish`, if given, is called in place on every part of the reduced buffer exactly once
+    (on one rank, whose result the others receive), before the ring ends.
+    """
     if comm.size == 1 or buf.size == 0:
+        if finish is not None:
+            finish(buf)
         return
     bounds = chunk_bounds(buf.size, comm.size)
-    _ring_steps(comm, buf, bounds, op, xp, segment_bytes, 0, 2 * (comm.size - 1))
+    _ring_steps(comm, buf, bounds, op, xp, segment_bytes, 0, 2 * (comm.size - 1), finish)
 
 
 def ring_reducescatter(comm, buf, bounds, op, xp, segment_bytes: int):
