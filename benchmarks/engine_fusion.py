@@ -18,11 +18,14 @@ Each timed step starts after a barrier and counts the slowest rank; medians over
     python benchmarks/engine_fusion.py --paths torch,tensorflow,keras --np 2,3,4
 
 measures instead, per framework and rank count, the training step's gradient path side by side:
-  * fused:         torch: 161 allreduce_async_() then synchronize() (DistributedOptimizer's path);
+  * fused:         torch: 161 allreduce_async_() then synchronize() on separate tensors;
                    tensorflow: one grouped_allreduce() (DistributedGradientTape's path);
                    keras: the DistributedOptimizer's gradient reduction (GradientReducer);
   * one buffer:    one allreduce of a single tensor holding the same bytes;
-  * one sync each: 161 synchronous allreduce() calls.
+  * one sync each: 161 synchronous allreduce() calls;
+  * optimizer:     torch only: DistributedOptimizer.synchronize() on 161 parameters given new
+                   gradients each step (as after zero_grad()), which it moves into their places
+                   in one buffer and the engine then reduces there without copies.
 """
 
 import argparse
@@ -355,6 +358,24 @@ def _framework(name: str):
     return hvd_keras, tf.convert_to_tensor, keras_fused
 
 
+def _torch_optimizer_step(hvd, grads: list):
+    """Return a step of DistributedOptimizer.synchronize() on parameters with new gradients."""
+    import torch
+
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    named = [(f"p.{i}", p) for i, p in enumerate(params)]
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), named_parameters=named)
+
+    def step():
+        for param, grad in zip(params, grads):
+            param.grad = grad  # moved into its place by the optimizer, from the second step on
+        optimizer.synchronize()
+        return [param.grad for param in params]
+
+    step()  # the first step records the order of the gradients
+    return step
+
+
 def gradient_paths(framework: str, repeats: int) -> dict:
     """Time one framework's fused gradient path, one buffer and one sync each, side by side."""
     import horovodlite as core
@@ -370,8 +391,10 @@ def gradient_paths(framework: str, repeats: int) -> dict:
         "one buffer": lambda: hvd.allreduce(flat, name="flat"),
         "one sync each": lambda: [hvd.allreduce(g, name=f"sync.{i}") for i, g in enumerate(grads)],
     }
+    if framework == "torch":
+        methods["optimizer"] = _torch_optimizer_step(hvd, grads)
     expected = np.asarray(methods["one buffer"]())
-    for name in ("fused", "one sync each"):
+    for name in [n for n in methods if n != "one buffer"]:
         got = np.concatenate([np.asarray(r).reshape(-1) for r in methods[name]()])
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=name)
     # Beside the wall time (the slowest rank), what a busy machine disturbs less: the CPU time
@@ -439,8 +462,12 @@ def report_paths(results: list) -> str:
              f"{'path':<11}{'ranks':>6}{'fused':>10}{'one buffer':>12}{'one sync each':>15}"
              f"{'fused/buffer':>14}{'sync/fused':>12}{'load avg':>10}"
              f"{'CPU ms: fused, buffer, each':>30}{'fused cycles':>14}"]  # fmt: skip
+    optimizer = []
     for r in results:
         g = {k: v["median_s"] * 1e3 for k, v in r["gradients"].items()}
+        if "optimizer" in g:
+            optimizer.append(f"{r['ranks']} ranks: {g['optimizer']:.1f} ms, "
+                             f"{g['optimizer'] / g['one buffer']:.2f}x one buffer")  # fmt: skip
         lines.append(
             f"{r['path']:<11}{r['ranks']:>6}{g['fused']:>10.1f}{g['one buffer']:>12.1f}"
             f"{g['one sync each']:>15.1f}{g['fused'] / g['one buffer']:>13.2f}x"
@@ -451,6 +478,9 @@ def report_paths(results: list) -> str:
             )  # fmt: skip
             + f"{r['gradients']['fused'].get('cycles', float('nan')):>14.1f}"
         )
+    if optimizer:
+        lines.append("torch DistributedOptimizer.synchronize() (gradients in their places): "
+                     + "; ".join(optimizer))  # fmt: skip
     return "\n".join(lines)
 
 

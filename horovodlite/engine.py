@@ -336,7 +336,7 @@ class Engine:
             self._cache.clear()
             self._cache_keys.clear()
         ready, errors, stalled = [], {}, []
-        for key in sorted(submitted, key=repr):
+        for key in submitted:  # in submission order, rank 0's first: see fusion.adjacent_span
             by_rank = submitted[key]
             ranks = self._ranks_of(key[0])
             if ranks is None:

@@ -3,8 +3,15 @@
 `fused_allreduce` packs compatible all-reduces (equal `FusionEntry.key`) into one fusion
 buffer, runs one algorithm on it, and hands each caller its part. A single all-reduce is the
 case of one entry, so the synchronous call and the engine's fused batches run the same code.
+
+In-place host arrays that already lie back to back in memory, in the batch's order, are their
+own fusion buffer: nothing is copied in or out. The torch binding lays gradients out so
+(bindings/torch/optimizer.py), in the order the engine first agreed on them, which is the
+order rank 0 submitted them in (engine._exchange). A rank whose arrays lie otherwise copies
+them into a buffer of the same layout, so the ranks always reduce the same elements together.
 """
 
+import ctypes
 import functools
 import itertools
 from contextlib import nullcontext
@@ -74,8 +81,12 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
     dtype, xp = first.array.dtype, first.xp
     # What moves the buffer (transport.py): MPI by default; an Adasum stays on MPI.
     transport = select(current().settings, xp, first.op, dtype)
+    adjacent = adjacent_span(entries) if len(entries) > 1 and not staged(xp, transport) else None
+    fresh = False
     if len(entries) == 1:
         buf, module = flat_work(first.array, xp, not first.inplace, transport)
+    elif adjacent is not None:
+        buf, module = adjacent, xp
     else:
         module = np if staged(xp, transport) else xp
         total = sum(entry.array.size for entry in entries)
@@ -89,30 +100,35 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
             parts = [flat_work(entry.array, xp, False, transport)[0] for entry in entries]
             module.concatenate(parts, out=buf)  # one call, not one slice assignment each
         synchronize_device(module)
+    divisor = comm.size if first.op == ReduceOp.AVERAGE else 1
+    factor = first.postscale / divisor
+    # Results copied out of the buffer take the factor on the way (one pass over the data, not
+    # two): all but a single entry's, adjacent ones' and a fresh buffer's (results are the
+    # buffer), which the collective scales as it finishes (the ring: each rank its own chunk).
+    scaled_out = len(entries) > 1 and adjacent is None and not fresh
+    scaling = not scaled_out and factor != 1.0
+    finish = functools.partial(scale, module, factor=factor) if scaling else None
     if first.op == ReduceOp.ADASUM:
         # Adasum's dot products are per tensor, as Horovod's: the buffer travels fused, and
         # each entry's part is combined by its own angle.
         chosen, bounds = "adasum", _bounds(entries)
-        run = functools.partial(
-            algorithms.adasum_allreduce, comm, buf, first.op, module, segment_bytes, parts=bounds
-        )
+
+        def run():
+            algorithms.adasum_allreduce(comm, buf, first.op, module, segment_bytes, parts=bounds)
+            if finish is not None:
+                finish(buf)
     else:
         # MPI names its algorithm (ring, mpi, ...), the other transports themselves (gloo, nccl):
         # the timeline's ALLREDUCE_<name> says what moved the buffer.
         chosen = transport.allreduce_algorithm(first.requested, buf, module, comm)
-        run = functools.partial(transport.allreduce, comm, buf, first.op, module, chosen)
-    divisor = comm.size if first.op == ReduceOp.AVERAGE else 1
-    factor = first.postscale / divisor
-    # Results copied out of the buffer take the factor on the way (one pass over the data, not
-    # two): all but a single entry's and a fresh buffer's, whose results are the buffer itself.
-    scaled_out = len(entries) > 1 and not fresh
+        run = functools.partial(transport.allreduce, comm, buf, first.op, module, chosen, finish)
     with span(f"ALLREDUCE_{chosen.upper()}"):
         scale(module, buf, first.prescale)
         run()
-        if not scaled_out:
-            scale(module, buf, factor)
     if len(entries) == 1:
         return [deliver(buf, first.array, xp, first.inplace)]
+    if adjacent is not None:
+        return [entry.array for entry in entries]  # reduced where they lie
     results, offset = [], 0
     with span("MEMCPY_OUT_FUSION_BUFFER"):
         for entry in entries:
@@ -125,6 +141,22 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
                 part = scaled_copy(module, part, factor, target)
             results.append(deliver(part, entry.array, xp, entry.inplace))
     return results
+
+
+def adjacent_span(entries: list):
+    """Return one host array over the in-place `entries`' arrays if they lie back to back in
+    memory in this order (C-contiguous, each starting where the one before ends); else None."""
+    if not all(entry.inplace and entry.xp is np for entry in entries):
+        return None
+    start = end = entries[0].array.ctypes.data
+    for entry in entries:
+        array = entry.array
+        if not array.flags.c_contiguous or not array.flags.writeable or array.ctypes.data != end:
+            return None
+        end += array.nbytes
+    # The entries' arrays keep the memory alive for as long as the collective runs.
+    memory = (ctypes.c_char * (end - start)).from_address(start)
+    return np.frombuffer(memory, dtype=entries[0].array.dtype)
 
 
 def _bounds(entries: list) -> tuple:

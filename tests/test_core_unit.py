@@ -264,3 +264,24 @@ def test_facts_that_need_no_init(not_initialized):
     assert hvd.HorovodInternalError is hvd.HorovodLiteError
     assert issubclass(hvd.MismatchError, hvd.HorovodLiteError)
     hvd.shutdown()  # before init: nothing to release, and no error
+
+
+def test_adjacent_span_only_for_in_place_arrays_back_to_back_in_order():
+    from horovodlite.fusion import FusionEntry, adjacent_span
+
+    def entries(arrays, inplace=True):
+        return [FusionEntry(a, np, inplace, ReduceOp.SUM, 1.0, 1.0, None) for a in arrays]
+
+    flat = np.arange(10, dtype=np.float32)
+    parts = [flat[:3], flat[3:4].reshape(1, 1), flat[4:10].reshape(2, 3)]
+    span = adjacent_span(entries(parts))
+    assert span is not None and span.shape == (10,) and np.shares_memory(span, flat)
+    span[:] = -1  # the span is the arrays' own memory
+    assert (flat == -1).all()
+    assert adjacent_span(entries(parts[::-1])) is None  # out of order
+    assert adjacent_span(entries([parts[0], parts[2]])) is None  # a gap
+    assert adjacent_span(entries(parts, inplace=False)) is None  # results must be new arrays
+    assert adjacent_span(entries([flat[:4:2], flat[4:]])) is None  # not contiguous
+    frozen = flat.copy()
+    frozen.flags.writeable = False
+    assert adjacent_span(entries([frozen[:5], frozen[5:]])) is None

@@ -22,6 +22,8 @@ from oracle import (
 )
 
 import horovodlite as hvd
+from horovodlite import fusion
+from horovodlite.fusion import adjacent_span
 from horovodlite.wakeup import GATHER_ONE_HOST
 
 THREADS = 3
@@ -350,6 +352,36 @@ def test_fused_and_unfused_results_are_equal_bitwise():
     fused, unfused = results.values()
     for a, b in zip(fused, unfused):
         assert a.tobytes() == b.tobytes()
+
+
+def test_arrays_back_to_back_are_reduced_where_they_lie_beside_ranks_that_copy(monkeypatch):
+    # Even ranks pass views lying back to back in one buffer, in submission order, which the
+    # engine reduces where they lie; odd ranks pass separate arrays, which go through a fusion
+    # buffer. Both must reduce the same elements together, at every step.
+    shapes = [(7,), (3, 5), (1,), (40, 3), (2, 2, 2)]  # sizes that no rank count divides
+    bounds = np.cumsum([int(np.prod(s)) for s in shapes])
+    spans = []
+    monkeypatch.setattr(fusion, "adjacent_span", lambda entries: spans.append(
+        adjacent_span(entries)) or spans[-1])  # fmt: skip
+    adjacent, flat = hvd.rank() % 2 == 0, np.empty(bounds[-1], np.float64)
+    for step in range(3):  # the first cycle agrees on the order; later ones take the cache's
+        seeds = [90 + 10 * step + i for i in range(len(shapes))]
+        values = [rank_values(s, np.float64, hvd.rank(), seed) for s, seed in zip(shapes, seeds)]
+        xs = [v.copy() for v in values]
+        if adjacent:
+            xs = [part.reshape(s) for part, s in zip(np.split(flat, bounds[:-1]), shapes)]
+            for x, v in zip(xs, values):
+                x[...] = v
+        handles = [hvd.allreduce_async_(x, op=hvd.Average, name=f"adjacent.{i}")
+                   for i, x in enumerate(xs)]  # fmt: skip
+        for i, (handle, x) in enumerate(zip(handles, xs)):
+            assert hvd.synchronize(handle) is x
+            everyone = [rank_values(shapes[i], np.float64, r, seeds[i]) for r in range(hvd.size())]
+            np.testing.assert_allclose(x, np.mean(everyone, axis=0), rtol=1e-12)
+    if adjacent and hvd.size() > 1:
+        assert any(span is not None and np.shares_memory(span, flat) for span in spans)
+    if not adjacent:
+        assert all(span is None for span in spans)
 
 
 # ---------------------------------------------------------------------------------------------

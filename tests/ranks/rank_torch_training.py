@@ -40,7 +40,7 @@ def reference(optimizer_factory, n):
     return model
 
 
-def distributed(optimizer_factory, micro_batches=1, **options):
+def distributed(optimizer_factory, micro_batches=1, set_to_none=True, **options):
     r, n = hvd.rank(), hvd.size()
     model = make_model(seed=r)  # different on purpose: broadcast_parameters must fix it
     optimizer = hvd.DistributedOptimizer(
@@ -51,7 +51,7 @@ def distributed(optimizer_factory, micro_batches=1, **options):
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     for x, y in global_batches(n):
         mine_x, mine_y = x[r * BATCH : (r + 1) * BATCH], y[r * BATCH : (r + 1) * BATCH]
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=set_to_none)
         for xs, ys in zip(mine_x.chunk(micro_batches), mine_y.chunk(micro_batches)):
             (torch.nn.functional.mse_loss(model(xs), ys) / micro_batches).backward()
         optimizer.step()
@@ -86,8 +86,20 @@ def test_matches_single_process_on_the_global_batch(name, fusion):
     assert_same_parameters(model, reference(OPTIMIZERS[name], hvd.size()))
 
 
-def test_backward_passes_per_step_accumulates_locally():
-    model, _ = distributed(OPTIMIZERS["sgd"], micro_batches=2)
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_gradients_lie_in_one_buffer_after_the_first_step(set_to_none):
+    # From the second step the optimizer moves each gradient into its place in one buffer (or
+    # finds it there, when zero_grad keeps it), where the engine reduces it without copies.
+    model, _ = distributed(OPTIMIZERS["sgd"], set_to_none=set_to_none)
+    assert_same_parameters(model, reference(OPTIMIZERS["sgd"], hvd.size()))
+    grads = [p.grad for p in model.parameters()]
+    if hvd.size() > 1:  # (one rank reduces nothing: its gradients stay where backward put them)
+        assert len({g.untyped_storage().data_ptr() for g in grads}) == 1
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_backward_passes_per_step_accumulates_locally(set_to_none):
+    model, _ = distributed(OPTIMIZERS["sgd"], micro_batches=2, set_to_none=set_to_none)
     assert_same_parameters(model, reference(OPTIMIZERS["sgd"], hvd.size()))
 
 
