@@ -28,7 +28,7 @@ import weakref
 
 from mpi4py import MPI
 
-from ..buffers import wire_type
+from ..buffers import synchronize_device, wire_type
 from ..hosts import one_host
 from ..ops import reduce_into
 from .scratch import chunk_bounds, scratch
@@ -155,6 +155,7 @@ def _ring_steps(comm, buf, bounds, op, xp, segment_bytes: int, first: int, last:
                 reduce_into(xp, buf[lo:hi], incoming[t % 2][lo - start : hi - start], op)
                 if t == n - 2 and finish is not None:  # this rank's own chunk, now complete
                     finish(buf[lo:hi])
+                synchronize_device(xp)  # MPI reads the segment next: a GPU must be done with it
             if t + 1 < last:
                 send(lo, hi)  # what arrived at step t leaves at step t+1
         receives = ahead
