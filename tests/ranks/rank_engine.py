@@ -360,9 +360,13 @@ def test_arrays_back_to_back_are_reduced_where_they_lie_beside_ranks_that_copy(m
     # buffer. Both must reduce the same elements together, at every step.
     shapes = [(7,), (3, 5), (1,), (40, 3), (2, 2, 2)]  # sizes that no rank count divides
     bounds = np.cumsum([int(np.prod(s)) for s in shapes])
-    spans = []
-    monkeypatch.setattr(fusion, "adjacent_span", lambda entries: spans.append(
-        adjacent_span(entries)) or spans[-1])  # fmt: skip
+    spans = []  # what fusion.adjacent_span returned for each fused batch
+
+    def spy(entries):
+        spans.append(adjacent_span(entries))
+        return spans[-1]
+
+    monkeypatch.setattr(fusion, "adjacent_span", spy)
     adjacent, flat = hvd.rank() % 2 == 0, np.empty(bounds[-1], np.float64)
     for step in range(3):  # the first cycle agrees on the order; later ones take the cache's
         seeds = [90 + 10 * step + i for i in range(len(shapes))]
