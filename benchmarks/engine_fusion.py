@@ -24,8 +24,7 @@ measures instead, per framework and rank count, the training step's gradient pat
   * one buffer:    one allreduce of a single tensor holding the same bytes;
   * one sync each: 161 synchronous allreduce() calls;
   * optimizer:     torch only: DistributedOptimizer.synchronize() on 161 parameters given new
-                   gradients each step (as after zero_grad()), which it moves into their places
-                   in one buffer and the engine then reduces there without copies.
+                   gradients each step (as after zero_grad()): the training script's own path.
 """
 
 import argparse
@@ -368,11 +367,11 @@ def _torch_optimizer_step(hvd, grads: list):
 
     def step():
         for param, grad in zip(params, grads):
-            param.grad = grad  # moved into its place by the optimizer, from the second step on
+            param.grad = grad
         optimizer.synchronize()
         return [param.grad for param in params]
 
-    step()  # the first step records the order of the gradients
+    step()  # the first step agrees on the gradients
     return step
 
 
@@ -479,7 +478,7 @@ def report_paths(results: list) -> str:
             + f"{r['gradients']['fused'].get('cycles', float('nan')):>14.1f}"
         )
     if optimizer:
-        lines.append("torch DistributedOptimizer.synchronize() (gradients in their places): "
+        lines.append("torch DistributedOptimizer.synchronize(): "
                      + "; ".join(optimizer))  # fmt: skip
     return "\n".join(lines)
 

@@ -84,9 +84,9 @@ class MPITransport:
         """Return True: MPI carries every dtype and op (Adasum too)."""
         return True
 
-    def allreduce_algorithm(self, requested, buf, xp, comm) -> str:
-        """Return the algorithm that will all-reduce `buf` (the timeline names it)."""
-        return algorithms.choose(requested, algorithms.ALLREDUCE, buf.nbytes, buf.dtype, xp, comm)
+    def allreduce_algorithm(self, requested, nbytes: int, dtype, xp, comm) -> str:
+        """Return the algorithm that will all-reduce `nbytes` of `dtype` (the timeline names it)."""
+        return algorithms.choose(requested, algorithms.ALLREDUCE, nbytes, dtype, xp, comm)
 
     def allreduce(self, comm, buf, op, xp, algorithm: str, finish=None) -> None:
         run = algorithms.ALLREDUCE[algorithm]
@@ -162,7 +162,7 @@ class GroupTransport:
         """Return whether this transport reduces `dtype` with `op` (None: moves data only)."""
         return op is None or (op in NATIVE_OPS and dtype in self.reducible)
 
-    def allreduce_algorithm(self, requested, buf, xp, comm) -> str:
+    def allreduce_algorithm(self, requested, nbytes: int, dtype, xp, comm) -> str:
         return self.name
 
     def allreduce(self, comm, buf, op, xp, algorithm: str, finish=None) -> None:

@@ -37,7 +37,6 @@ class _DistributedMixin:
         self._hvd_pending: dict = {}  # group -> [(handle, [(param, wire tensor, ctx)])]
         self._hvd_should_sync = True
         self._hvd_synchronized = False  # synchronize() called, and no backward() since
-        self._hvd_flat = _FlatGradients()
         self._hvd_hooks = []
         # With Adasum the gradients stay local: step() combines the updates (_hvd_adasum_step).
         if settings.process_set.size() > 1 and not combines_updates(settings):
@@ -90,8 +89,6 @@ class _DistributedMixin:
             # sparse_as_dense: a dense copy travels; synchronize() makes the result sparse again.
             grad = param.grad.to_dense() if param.grad.is_sparse else param.grad
             wire, ctx = settings.compression.compress(grad)
-            if wire is param.grad:  # sent as it is: in its place, it fuses without copies
-                wire = param.grad = self._hvd_flat.place(param)
             dense.append((param, wire, ctx))
         if dense:
             wires = [wire for _, wire, _ in dense]
@@ -132,7 +129,6 @@ class _DistributedMixin:
                         param.grad.copy_(decompress(wire, ctx))
         self._hvd_pending.clear()
         self._hvd_ready.clear()
-        self._hvd_flat.settle()
         for param in self._hvd_counts:
             self._hvd_counts[param] = 0
 
@@ -207,52 +203,6 @@ class _DistributedMixin:
         self.backward_passes_per_step = passes
         for param in self._hvd_counts:
             self._hvd_counts[param] = 0
-
-
-class _FlatGradients:
-    """Gradients laid back to back in one buffer per dtype, in the order they are submitted.
-
-    The engine all-reduces in-place arrays that lie back to back in memory, in the order it
-    agreed on them (rank 0's order of submission), without copying them into a fusion buffer and
-    out again (horovodlite/fusion.py). The first step records the order in which this rank
-    submits its gradients; from the second on, each gradient moves into its place in the buffer
-    when submitted, and `param.grad` becomes that place. A gradient already there (kept by
-    `zero_grad(set_to_none=False)`, accumulated into by backward) is not copied at all.
-    """
-
-    def __init__(self):
-        self.order: list = []  # the first step's submissions, until settle()
-        self.places = None  # param -> its place, once settled
-
-    def place(self, param) -> torch.Tensor:
-        """Return `param`'s gradient in its place (moved there if it was elsewhere)."""
-        grad = param.grad
-        if self.places is None:
-            self.order.append(param)
-            return grad
-        place = self.places.get(param)
-        if place is None or grad.device.type != "cpu" or grad.dtype != place.dtype:
-            return grad
-        if not (grad.is_contiguous() and param.is_contiguous()) or grad.requires_grad:
-            return grad  # channels_last, or a graph to differentiate again: as it is
-        if grad.data_ptr() != place.data_ptr():
-            place.copy_(grad)
-        return place
-
-    def settle(self) -> None:
-        """After the first step: lay out the recorded gradients, one buffer per dtype."""
-        if self.places is not None or not self.order:
-            return
-        self.places = {}
-        by_dtype: dict = {}
-        for param in dict.fromkeys(self.order):  # (each once, in order)
-            if param.device.type == "cpu" and param.is_contiguous():
-                by_dtype.setdefault(param.dtype, []).append(param)
-        for dtype, params in by_dtype.items():
-            flat = torch.empty(sum(p.numel() for p in params), dtype=dtype)
-            for param, piece in zip(params, flat.split([p.numel() for p in params])):
-                self.places[param] = piece.view_as(param)
-        self.order = []
 
 
 def _accumulated_too_often(name: str, passes: int) -> core.HorovodLiteError:

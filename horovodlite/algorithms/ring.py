@@ -22,6 +22,7 @@ training's computation needs wherever ranks share cores; so there the ring tests
 between short sleeps, which costs a few percent of a core and a little latency.
 """
 
+import itertools
 import os
 import time
 import weakref
@@ -31,6 +32,7 @@ from mpi4py import MPI
 from ..buffers import synchronize_device, wire_type
 from ..hosts import one_host
 from ..ops import reduce_into
+from .pieces import Pieces, parts
 from .scratch import chunk_bounds, scratch
 
 __all__ = [
@@ -44,8 +46,15 @@ __all__ = [
 _TAG_RING = 11
 
 
-def _segments(start: int, stop: int, step: int):
-    return [(lo, min(lo + step, stop)) for lo in range(start, stop, step)] or [(start, start)]
+def _segments(start: int, stop: int, step: int, cuts=()):
+    """Split [start, stop) into segments of at most `step` elements, also at every cut."""
+    borders = [start, *(cut for cut in cuts if start < cut < stop), stop]
+    segments = [
+        (lo, min(lo + step, end))
+        for begin, end in itertools.pairwise(borders)
+        for lo in range(begin, end, step)
+    ]
+    return segments or [(start, start)]
 
 
 # A request that crosses the network is tested, yielding the core between tests, for
@@ -97,6 +106,7 @@ def _ring_steps(comm, buf, bounds, op, xp, segment_bytes: int, first: int, last:
                 finish=None) -> None:  # fmt: skip
     """Run steps `first` to `last - 1` of the 2(n-1) ring steps on `buf` (see the module text).
 
+    `buf` is one flat array or a `Pieces` (pieces.py), cut into segments at its pieces' borders.
     Steps below n-1 reduce what they receive; the others store it. One receive-ahead: a step's
     receives are posted when the step before it starts, into the other of two scratch buffers.
     """
@@ -107,13 +117,14 @@ def _ring_steps(comm, buf, bounds, op, xp, segment_bytes: int, first: int, last:
     right, left = (r + 1) % n, (r - 1) % n
     wire = wire_type(buf.dtype)
     segment = max(1, segment_bytes // buf.dtype.itemsize)
+    cuts = buf.cuts if isinstance(buf, Pieces) else ()
     if first < n - 1:
         longest = max(hi - lo for lo, hi in bounds)
         incoming = [scratch(xp, buf.dtype, longest, slot) for slot in (0, 1)]
     sending = []  # (lo, hi, request) of every send that may still read buf[lo:hi]
 
     def received_segments(t):
-        return _segments(*bounds[(r - t - 2) % n], segment)
+        return _segments(*bounds[(r - t - 2) % n], segment, cuts)
 
     def wait_sends_reading(lo, hi):
         # A receive must not overwrite what a send still reads (the all-gather writes into the
@@ -143,7 +154,7 @@ def _ring_steps(comm, buf, bounds, op, xp, segment_bytes: int, first: int, last:
     def send(lo, hi):
         sending.append((lo, hi, comm.Isend([buf[lo:hi], wire], right, _TAG_RING)))
 
-    for lo, hi in _segments(*bounds[(r - first - 1) % n], segment):
+    for lo, hi in _segments(*bounds[(r - first - 1) % n], segment, cuts):
         send(lo, hi)
     receives = post_receives(first)
     for t in range(first, last):
@@ -191,14 +202,16 @@ def ring_allgatherv(comm, own, out, counts, segment_bytes: int) -> None:
 
 
 def ring_allreduce(comm, buf, op, xp, segment_bytes: int, finish=None) -> None:
-    """All-reduce the flat contiguous `buf` in place with the ring algorithm.
+    """All-reduce `buf` in place with the ring algorithm: a flat contiguous array, or a
+    `Pieces` of them (pieces.py), all-reduced where they lie as if they were one.
 
     `finish`, if given, is called in place on every part of the reduced buffer exactly once
     (on one rank, whose result the others receive), before the ring ends.
     """
     if comm.size == 1 or buf.size == 0:
         if finish is not None:
-            finish(buf)
+            for part in parts(buf):
+                finish(part)
         return
     bounds = chunk_bounds(buf.size, comm.size)
     _ring_steps(comm, buf, bounds, op, xp, segment_bytes, 0, 2 * (comm.size - 1), finish)

@@ -15,6 +15,7 @@ from mpi4py import MPI
 from oracle import (
     DTYPES,
     assert_reduced,
+    everyone,
     expect_error_everywhere,
     rank_values,
     reduce_expected,
@@ -23,6 +24,7 @@ from oracle import (
 
 import horovodlite as hvd
 from horovodlite import fusion
+from horovodlite.algorithms.pieces import Pieces
 from horovodlite.fusion import adjacent_span
 from horovodlite.wakeup import GATHER_ONE_HOST
 
@@ -386,6 +388,64 @@ def test_arrays_back_to_back_are_reduced_where_they_lie_beside_ranks_that_copy(m
         assert any(span is not None and np.shares_memory(span, flat) for span in spans)
     if not adjacent:
         assert all(span is None for span in spans)
+
+
+def test_the_ring_reduces_large_arrays_where_they_lie_beside_ranks_laid_out_otherwise(monkeypatch):
+    # In a fused batch that the ring moves, arrays of ALONE_BYTES or more are pieces of their
+    # own, reduced where they lie if in place; runs of smaller ones share a piece in the fusion
+    # buffer. Ranks lay their arrays out three ways: back to back in one buffer, separate, and
+    # out of place or strided. All must reduce the same elements together, to the same bits,
+    # through the engine (async) and grouped_allreduce (sync).
+    monkeypatch.setattr(fusion, "ALONE_BYTES", 64)  # 8 float64s
+    monkeypatch.setattr(engine(), "segment_bytes", 40)  # 5 elements: pieces cut segments too
+    shapes = [(3,), (9,), (2, 7), (1,), (2,), (5, 3), (4,), (11,), (8,)]
+    large = [int(np.prod(s)) >= 8 for s in shapes]
+    bounds = np.cumsum([int(np.prod(s)) for s in shapes])
+    pieces = []  # what the ring was given, each fused batch
+
+    def spy(arrays):
+        pieces.append(Pieces(arrays))
+        return pieces[-1]
+
+    monkeypatch.setattr(fusion, "Pieces", spy)
+    layout, flat = hvd.rank() % 3, np.empty(bounds[-1])
+    for step in range(4):  # steps 0 and 1 through the engine, 2 and 3 grouped
+        seeds = [200 + 10 * step + i for i in range(len(shapes))]
+        values = [rank_values(s, np.float64, hvd.rank(), seed) for s, seed in zip(shapes, seeds)]
+        if layout == 0:
+            xs = [part.reshape(s) for part, s in zip(np.split(flat, bounds[:-1]), shapes)]
+        elif layout == 1:
+            xs = [np.empty(s) for s in shapes]
+        else:  # every other one strided (in place), the rest out of place
+            xs = [np.empty((2, *s))[0] if i % 2 else np.empty(s) for i, s in enumerate(shapes)]
+        for x, v in zip(xs, values):
+            x[...] = v
+        in_place = [layout < 2 or i % 2 == 1 for i in range(len(shapes))]
+        options = dict(op=hvd.Average, prescale_factor=3.0, algorithm="ring")
+        if step < 2:
+            submit = [hvd.allreduce_async_ if own else hvd.allreduce_async for own in in_place]
+            handles = [start(x, name=f"pieces.{i}", **options)
+                       for i, (start, x) in enumerate(zip(submit, xs))]  # fmt: skip
+            results = [hvd.synchronize(handle) for handle in handles]
+        else:  # grouped calls are all in place or none: the third layout's are none
+            results = hvd.grouped_allreduce(xs, name="pieces", inplace=layout < 2, **options)
+            in_place = [layout < 2] * len(shapes)
+        for i, result in enumerate(results):
+            assert (result is xs[i]) == in_place[i]
+            everyone_input = [rank_values(shapes[i], np.float64, r, seeds[i])
+                              for r in range(hvd.size())]  # fmt: skip
+            np.testing.assert_allclose(result, 3 * np.mean(everyone_input, axis=0), rtol=1e-12)
+            assert all(other.tobytes() == result.tobytes() for other in everyone(result))
+        if hvd.size() == 1:
+            continue  # one rank has no ring to run
+        lies = [any(np.shares_memory(a, x) for a in pieces[-1].arrays) for x in xs]
+        if layout == 0:
+            assert all(np.shares_memory(a, flat) for a in pieces[-1].arrays)
+        elif layout == 1:
+            assert lies == large  # the large ones where they lie, never the small ones
+        else:
+            assert not any(lies[i] for i in range(len(shapes)) if not in_place[i])
+    assert len(pieces) == (4 if hvd.size() > 1 else 0)  # one fused batch each step
 
 
 # ---------------------------------------------------------------------------------------------

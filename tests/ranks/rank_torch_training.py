@@ -1,13 +1,17 @@
 """horovodlite.torch training: synchronous SGD equivalence and the DistributedOptimizer contract."""
 
 import copy
+import dataclasses
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 import horovodlite.torch as hvd  # noqa: E402
 
 import horovodlite  # noqa: E402
+from horovodlite import fusion as core_fusion  # noqa: E402
+from horovodlite.algorithms.pieces import Pieces  # noqa: E402
 
 BATCH, STEPS = 4, 3
 
@@ -87,14 +91,35 @@ def test_matches_single_process_on_the_global_batch(name, fusion):
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
-def test_gradients_lie_in_one_buffer_after_the_first_step(set_to_none):
-    # From the second step the optimizer moves each gradient into its place in one buffer (or
-    # finds it there, when zero_grad keeps it), where the engine reduces it without copies.
+def test_matches_single_process_with_either_zero_grad_mode(set_to_none):
+    # Kept gradients (set_to_none=False) are the same tensors every step, reduced in place again;
+    # new ones are autograd's tensors of the step.
     model, _ = distributed(OPTIMIZERS["sgd"], set_to_none=set_to_none)
     assert_same_parameters(model, reference(OPTIMIZERS["sgd"], hvd.size()))
-    grads = [p.grad for p in model.parameters()]
-    if hvd.size() > 1:  # (one rank reduces nothing: its gradients stay where backward put them)
-        assert len({g.untyped_storage().data_ptr() for g in grads}) == 1
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_the_ring_reduces_large_gradients_where_they_lie(set_to_none, monkeypatch):
+    # The ring moves a fused batch's large in-place arrays where they lie (horovodlite/fusion.py):
+    # here both weights and the first bias, as one group, with the small biases copied beside.
+    state = horovodlite.state.current()
+    ring = dataclasses.replace(state.settings, allreduce_algorithm="ring")
+    monkeypatch.setattr(state, "settings", ring)
+    monkeypatch.setattr(core_fusion, "ALONE_BYTES", 64)  # 16 float32s
+    given = []  # what the ring was given, each step
+
+    def spy(arrays):
+        given.append(Pieces(arrays))
+        return given[-1]
+
+    monkeypatch.setattr(core_fusion, "Pieces", spy)
+    model, _ = distributed(OPTIMIZERS["sgd"], set_to_none=set_to_none, num_groups=1)
+    assert_same_parameters(model, reference(OPTIMIZERS["sgd"], hvd.size()))
+    if hvd.size() > 1:
+        assert len(given) == STEPS
+        for p in model.parameters():
+            lies = any(np.shares_memory(a, p.grad.numpy()) for a in given[-1].arrays)
+            assert lies == (p.numel() >= 16)
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
