@@ -285,3 +285,20 @@ def test_adjacent_span_only_for_in_place_arrays_back_to_back_in_order():
     frozen = flat.copy()
     frozen.flags.writeable = False
     assert adjacent_span(entries([frozen[:5], frozen[5:]])) is None
+
+
+def test_pieces_slices_within_a_piece_and_the_ring_cuts_its_segments_at_their_borders():
+    from horovodlite.algorithms.pieces import Pieces
+    from horovodlite.algorithms.ring import _segments
+
+    arrays = [np.arange(3.0), np.empty(0), np.arange(3.0, 8.0), np.arange(8.0, 9.0)]
+    pieces = Pieces(arrays)
+    assert (pieces.size, pieces.nbytes, pieces.cuts) == (9, 72, [3, 3, 8])
+    assert np.shares_memory(pieces[3:5], arrays[2]) and list(pieces[3:5]) == [3.0, 4.0]
+    assert list(pieces[8:9]) == [8.0] and pieces[9:9].size == 0
+    with pytest.raises(IndexError, match="2:4 lie in more than one piece"):
+        pieces[2:4]
+    # Segments of at most 2 elements, cut at 3 and 8 as well: none spans two pieces.
+    assert _segments(1, 9, 2, pieces.cuts) == [(1, 3), (3, 5), (5, 7), (7, 8), (8, 9)]
+    assert _segments(4, 4, 2, pieces.cuts) == [(4, 4)]  # an empty chunk: one empty segment
+    assert all(pieces[lo:hi].size == hi - lo for lo, hi in _segments(0, 9, 4, pieces.cuts))

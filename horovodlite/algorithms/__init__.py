@@ -3,7 +3,8 @@
 Each algorithm is a function on a flat contiguous buffer: `allreduce(comm, buf, op, xp,
 segment_bytes)` reduces in place; `reducescatter(comm, buf, bounds, op, xp, segment_bytes)` returns
 this rank's chunk. `segment_bytes` (Settings.ring_segment_bytes) caps one message of an algorithm
-that pipelines its chunks; the others send each chunk whole and ignore it.
+that pipelines its chunks; the others send each chunk whole and ignore it. The ring's all-reduce
+also takes a `pieces.Pieces`: several flat arrays reduced where they lie, as one buffer.
 
 Adasum (adasum.py) is a reduce op with an algorithm of its own, not a choice among these: the
 fusion code runs it for op=Adasum, whatever algorithm was asked for.

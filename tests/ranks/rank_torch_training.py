@@ -103,6 +103,8 @@ def test_the_ring_reduces_large_gradients_where_they_lie(set_to_none, monkeypatc
     # The ring moves a fused batch's large in-place arrays where they lie (horovodlite/fusion.py):
     # here both weights and the first bias, as one group, with the small biases copied beside.
     state = horovodlite.state.current()
+    if state.settings.transport == "gloo":
+        pytest.skip("Gloo moves the gradients here, not the ring")
     ring = dataclasses.replace(state.settings, allreduce_algorithm="ring")
     monkeypatch.setattr(state, "settings", ring)
     monkeypatch.setattr(core_fusion, "ALONE_BYTES", 64)  # 16 float32s
