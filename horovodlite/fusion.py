@@ -4,11 +4,13 @@
 buffer, runs one algorithm on it, and hands each caller its part. A single all-reduce is the
 case of one entry, so the synchronous call and the engine's fused batches run the same code.
 
-In-place host arrays that already lie back to back in memory, in the batch's order, are their
-own fusion buffer: nothing is copied in or out. The torch binding lays gradients out so
-(bindings/torch/optimizer.py), in the order the engine first agreed on them, which is the
-order rank 0 submitted them in (engine._exchange). A rank whose arrays lie otherwise copies
-them into a buffer of the same layout, so the ranks always reduce the same elements together.
+Where the ring moves a fused batch of host arrays, the large in-place ones are reduced where
+they lie, with no copy in or out; only runs of small arrays go through the fusion buffer
+(`_ring_where_they_lie`, algorithms/pieces.py). Other algorithms take one contiguous buffer: a
+batch of in-place host arrays that already lie back to back in memory, in the batch's order (the
+order rank 0 submitted them in, engine._exchange), is that buffer. Either way every rank cuts
+and orders the batch alike, by the agreed sizes only, so ranks whose arrays lie differently
+still reduce the same elements together.
 """
 
 import ctypes
@@ -104,7 +106,7 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
         buf, module = adjacent, xp
     else:
         total = sum(entry.array.size for entry in entries)
-        fresh = not any(entry.inplace for entry in entries)
+        fresh = not any(entry.inplace for entry in entries)  # (see _ring_where_they_lie)
         buf = module.empty(total, dtype=dtype) if fresh else scratch(module, dtype, total, "fusion")
         with span("MEMCPY_IN_FUSION_BUFFER"):
             parts = [flat_work(entry.array, xp, False, transport)[0] for entry in entries]
