@@ -99,11 +99,8 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
     if chosen == "ring" and len(entries) > 1 and comm.size > 1 and xp is np:
         return _ring_where_they_lie(comm, entries, transport, factor, span)
     adjacent = adjacent_span(entries) if len(entries) > 1 and not staged(xp, transport) else None
-    fresh, src = False, None
-    if len(entries) == 1 and chosen == "ring" and _read_where_it_lies(first) and comm.size > 1:
-        src, module = first.array.reshape(-1), xp  # the ring reads it; the result is a new array
-        buf = np.empty(src.size, dtype=dtype)
-    elif len(entries) == 1:
+    fresh = False
+    if len(entries) == 1:
         buf, module = flat_work(first.array, xp, not first.inplace, transport)
     elif adjacent is not None:
         buf, module = adjacent, xp
@@ -131,9 +128,7 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
             if finish is not None:
                 finish(buf)
     else:
-        run = functools.partial(
-            transport.allreduce, comm, buf, first.op, module, chosen, finish, **_given(src)
-        )
+        run = functools.partial(transport.allreduce, comm, buf, first.op, module, chosen, finish)
     with span(f"ALLREDUCE_{chosen.upper()}"):
         scale(module, buf, first.prescale)
         run()
@@ -171,8 +166,6 @@ def _ring_where_they_lie(comm, entries: list, transport, factor: float, span) ->
     """
     first = entries[0]
     groups = _piece_groups(entries)
-    if first.prescale == 1.0 and not any(entry.inplace for entry in entries):
-        return _ring_into_new_buffer(comm, entries, groups, transport, factor, span)
     adjacent = adjacent_span(entries)
     if adjacent is not None:
         starts = [0, *itertools.accumulate(sum(e.array.size for e in group) for group in groups)]
@@ -221,52 +214,6 @@ def _ring_where_they_lie(comm, entries: list, transport, factor: float, span) ->
                     part = part.copy()  # the scratch buffer is reused: results need their own
                 results.append(deliver(part, entry.array, np, entry.inplace))
     return results
-
-
-def _ring_into_new_buffer(comm, entries: list, groups: list, transport, factor, span) -> list:
-    """All-reduce out-of-place host `entries` (not prescaled) into a new buffer, whose parts are
-    the results.
-
-    The ring reads each large contiguous input where it lies and writes its result into the new
-    buffer (`src`, algorithms/ring.py); only the other inputs are copied in, and read there.
-    """
-    dtype = entries[0].array.dtype
-    buf = np.empty(sum(entry.array.size for entry in entries), dtype=dtype)
-    arrays, inputs, offset = [], [], 0
-    with span("MEMCPY_IN_FUSION_BUFFER"):
-        for group in groups:
-            size = sum(entry.array.size for entry in group)
-            region = buf[offset : offset + size]
-            offset += size
-            arrays.append(region)
-            if len(group) == 1 and _large(group[0]) and group[0].array.flags.c_contiguous:
-                inputs.append(group[0].array.reshape(-1))
-            else:
-                np.concatenate([entry.array.reshape(-1) for entry in group], out=region)
-                inputs.append(region)
-    finish = functools.partial(scale, np, factor=factor) if factor != 1.0 else None
-    with span("ALLREDUCE_RING"):
-        transport.allreduce(comm, Pieces(arrays), entries[0].op, np, "ring", finish, Pieces(inputs))
-    results, offset = [], 0
-    for entry in entries:
-        results.append(deliver(buf[offset : offset + entry.array.size], entry.array, np, False))
-        offset += entry.array.size
-    return results
-
-
-def _read_where_it_lies(entry) -> bool:
-    """Return whether the ring can read `entry`'s input where it lies: an out-of-place,
-    C-contiguous host array, not prescaled (a prescale would change the input)."""
-    return (
-        not entry.inplace
-        and entry.xp is np
-        and entry.array.flags.c_contiguous
-        and entry.prescale == 1.0
-    )
-
-
-def _given(src) -> dict:
-    return {} if src is None else {"src": src}
 
 
 def _piece_groups(entries: list) -> list:

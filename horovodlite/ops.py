@@ -70,7 +70,6 @@ def resolve_op(
         raise TypeError(f"op must be a ReduceOp such as hvd.Sum, got {type(op).__name__}") from None
 
 
-def reduce_into(xp, acc, incoming, op: ReduceOp, own=None) -> None:
-    """Combine `incoming` into `acc` in place with array module `xp` (numpy or cupy); or, given
-    `own`, write `own` combined with `incoming` into `acc` (`own` is read, never written)."""
-    getattr(xp, _UFUNC_NAME[op])(acc if own is None else own, incoming, out=acc)
+def reduce_into(xp, acc, incoming, op: ReduceOp) -> None:
+    """Combine `incoming` into `acc` in place with array module `xp` (numpy or cupy)."""
+    getattr(xp, _UFUNC_NAME[op])(acc, incoming, out=acc)

@@ -88,15 +88,11 @@ class MPITransport:
         """Return the algorithm that will all-reduce `nbytes` of `dtype` (the timeline names it)."""
         return algorithms.choose(requested, algorithms.ALLREDUCE, nbytes, dtype, xp, comm)
 
-    def allreduce(self, comm, buf, op, xp, algorithm: str, finish=None, src=None) -> None:
-        """All-reduce `buf` in place; `src` (the ring only) is the input instead of `buf`'s
-        contents, read without a copy (algorithms/ring.py)."""
+    def allreduce(self, comm, buf, op, xp, algorithm: str, finish=None) -> None:
         run = algorithms.ALLREDUCE[algorithm]
         if algorithm == "ring":  # finishes each chunk where it completes (algorithms/ring.py)
-            run(comm, buf, op, xp, self.segment_bytes, finish, src)
+            run(comm, buf, op, xp, self.segment_bytes, finish)
             return
-        if src is not None:
-            raise ValueError(f"only the ring reads an input apart from its buffer, not {algorithm}")
         run(comm, buf, op, xp, self.segment_bytes)
         if finish is not None:
             finish(buf)

@@ -103,17 +103,12 @@ def _network_wait_all(requests) -> None:
 
 
 def _ring_steps(comm, buf, bounds, op, xp, segment_bytes: int, first: int, last: int,
-                finish=None, src=None) -> None:  # fmt: skip
+                finish=None) -> None:  # fmt: skip
     """Run steps `first` to `last - 1` of the 2(n-1) ring steps on `buf` (see the module text).
 
     `buf` is one flat array or a `Pieces` (pieces.py), cut into segments at its pieces' borders.
-    `src`, if given, holds this rank's input (laid out as `buf`, read and never written) and
-    `buf` only receives: the first sends read `src`, and each reduction combines `src` with what
-    arrives into `buf`, so no copy of the input is made. Each element of `buf` is written once:
-    by the reduction of its chunk, or by the all-gather (the chunk a rank sends first never
-    returns to it reduced). Steps below n-1 reduce what they receive; the others store it. One
-    receive-ahead: a step's receives are posted when the step before it starts, into the other
-    of two scratch buffers.
+    Steps below n-1 reduce what they receive; the others store it. One receive-ahead: a step's
+    receives are posted when the step before it starts, into the other of two scratch buffers.
     """
     n, r = comm.size, comm.rank
     if first >= last:
@@ -156,11 +151,11 @@ def _ring_steps(comm, buf, bounds, op, xp, segment_bytes: int, first: int, last:
             requests.append(comm.Irecv([target, wire], left, _TAG_RING))
         return requests
 
-    def send(lo, hi, source=buf):
-        sending.append((lo, hi, comm.Isend([source[lo:hi], wire], right, _TAG_RING)))
+    def send(lo, hi):
+        sending.append((lo, hi, comm.Isend([buf[lo:hi], wire], right, _TAG_RING)))
 
     for lo, hi in _segments(*bounds[(r - first - 1) % n], segment, cuts):
-        send(lo, hi, buf if src is None else src)
+        send(lo, hi)
     receives = post_receives(first)
     for t in range(first, last):
         ahead = post_receives(t + 1)
@@ -168,8 +163,7 @@ def _ring_steps(comm, buf, bounds, op, xp, segment_bytes: int, first: int, last:
         for (lo, hi), request in zip(received_segments(t), receives):
             wait(request)
             if t < n - 1:
-                own = None if src is None else src[lo:hi]
-                reduce_into(xp, buf[lo:hi], incoming[t % 2][lo - start : hi - start], op, own)
+                reduce_into(xp, buf[lo:hi], incoming[t % 2][lo - start : hi - start], op)
                 if t == n - 2 and finish is not None:  # this rank's own chunk, now complete
                     finish(buf[lo:hi])
                 synchronize_device(xp)  # MPI reads the segment next: a GPU must be done with it
@@ -207,24 +201,20 @@ def ring_allgatherv(comm, own, out, counts, segment_bytes: int) -> None:
     allgather_chunks(comm, out, bounds, segment_bytes)
 
 
-def ring_allreduce(comm, buf, op, xp, segment_bytes: int, finish=None, src=None) -> None:
+def ring_allreduce(comm, buf, op, xp, segment_bytes: int, finish=None) -> None:
     """All-reduce `buf` in place with the ring algorithm: a flat contiguous array, or a
     `Pieces` of them (pieces.py), all-reduced where they lie as if they were one.
 
     `finish`, if given, is called in place on every part of the reduced buffer exactly once
-    (on one rank, whose result the others receive), before the ring ends. `src`, if given, is
-    the input instead of `buf`'s contents, laid out as `buf` (an array, or a `Pieces` cut at
-    the same places); it is read, never written, and `buf` receives the result.
+    (on one rank, whose result the others receive), before the ring ends.
     """
     if comm.size == 1 or buf.size == 0:
-        for i, part in enumerate(parts(buf)):
-            if src is not None:
-                part[...] = parts(src)[i]
-            if finish is not None:
+        if finish is not None:
+            for part in parts(buf):
                 finish(part)
         return
     bounds = chunk_bounds(buf.size, comm.size)
-    _ring_steps(comm, buf, bounds, op, xp, segment_bytes, 0, 2 * (comm.size - 1), finish, src)
+    _ring_steps(comm, buf, bounds, op, xp, segment_bytes, 0, 2 * (comm.size - 1), finish)
 
 
 def ring_reducescatter(comm, buf, bounds, op, xp, segment_bytes: int):

@@ -448,54 +448,6 @@ def test_the_ring_reduces_large_arrays_where_they_lie_beside_ranks_laid_out_othe
     assert len(pieces) == (4 if hvd.size() > 1 else 0)  # one fused batch each step
 
 
-def test_the_ring_reads_out_of_place_inputs_where_they_lie(monkeypatch):
-    # Out-of-place all-reduces that the ring moves: it reads each large contiguous input where it
-    # lies and writes the results into a new buffer, alone and fused (grouped_allreduce and the
-    # engine); strided and small inputs are copied in. Inputs must come back untouched, even
-    # read-only ones, and every rank must get the same bits.
-    monkeypatch.setattr(fusion, "ALONE_BYTES", 64)  # 8 float64s
-    monkeypatch.setattr(engine(), "segment_bytes", 40)
-    inputs_read = []  # for each ring: whether it read an input apart from its buffer
-    ring = hvd.algorithms.ALLREDUCE["ring"]
-
-    def spy(comm, buf, op, xp, segment_bytes, finish=None, src=None):
-        inputs_read.append(src is not None)
-        ring(comm, buf, op, xp, segment_bytes, finish, src)
-
-    monkeypatch.setitem(hvd.algorithms.ALLREDUCE, "ring", spy)
-    shapes = [(3,), (9,), (2, 7), (1,), (2,), (5, 3), (4,), (11,), (8,), (1, 1)]
-    strided = [i % 3 == 2 for i in range(len(shapes))]
-    for step, how in enumerate(["alone", "grouped", "engine"]):
-        seeds = [300 + 10 * step + i for i in range(len(shapes))]
-        values = [rank_values(s, np.float64, hvd.rank(), seed) for s, seed in zip(shapes, seeds)]
-        xs = [np.empty((*s, 2))[..., 0] if odd else np.empty(s) for s, odd in zip(shapes, strided)]
-        for x, v in zip(xs, values):
-            x[...] = v
-            x.flags.writeable = hvd.rank() % 2 == 0  # read-only on odd ranks
-        options = dict(op=hvd.Average, postscale_factor=2.0, algorithm="ring")
-        inputs_read.clear()
-        if how == "alone":
-            results = [hvd.allreduce(x, name=f"read.{i}", **options) for i, x in enumerate(xs)]
-            expected_reads = [not odd for odd in strided]  # each alone: read where it lies?
-        elif how == "grouped":
-            results = hvd.grouped_allreduce(xs, name="read", **options)
-            expected_reads = [True]  # one fused batch, its large contiguous inputs read in place
-        else:
-            handles = [hvd.allreduce_async(x, name=f"read.{i}", **options)
-                       for i, x in enumerate(xs)]  # fmt: skip
-            results = [hvd.synchronize(handle) for handle in handles]
-            expected_reads = None  # the engine's batches depend on timing
-        if hvd.size() > 1 and expected_reads is not None:
-            assert inputs_read == expected_reads
-        for i, (x, result) in enumerate(zip(xs, results)):
-            np.testing.assert_array_equal(x, values[i])  # untouched
-            assert not np.shares_memory(result, x)
-            everyone_input = [rank_values(shapes[i], np.float64, r, seeds[i])
-                              for r in range(hvd.size())]  # fmt: skip
-            np.testing.assert_allclose(result, 2 * np.mean(everyone_input, axis=0), rtol=1e-12)
-            assert all(other.tobytes() == result.tobytes() for other in everyone(result))
-
-
 # ---------------------------------------------------------------------------------------------
 # Errors: raised on every rank by synchronize(), never a hang.
 
