@@ -98,7 +98,7 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
     # Every rank takes this branch or none: its terms are agreed (sizes, dtype, device, op).
     if chosen == "ring" and len(entries) > 1 and comm.size > 1 and xp is np:
         return _ring_where_they_lie(comm, entries, transport, factor, span)
-    adjacent = adjacent_span(entries) if len(entries) > 1 and not staged(xp, transport) else None
+    adjacent = adjacent_span(entries) if len(entries) > 1 else None
     fresh = False
     if len(entries) == 1:
         buf, module = flat_work(first.array, xp, not first.inplace, transport)
@@ -152,47 +152,41 @@ def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> l
 
 # In a fused batch that the ring moves, host arrays of at least this size are each a piece of
 # their own: reduced where they lie if in place, never copied. Runs of smaller ones share a
-# piece in the fusion buffer, so that their messages stay large enough to fill the link. For
-# ResNet-50's 161 gradients, 42 arrays of 98.8% of the bytes lie at or above it.
+# piece, in the fusion buffer unless they lie back to back, so that their messages stay large
+# enough to fill the link. For ResNet-50's 161 gradients, 42 arrays of 98.8% of the bytes lie
+# at or above it.
 ALONE_BYTES = 256 << 10
 
 
 def _ring_where_they_lie(comm, entries: list, transport, factor: float, span) -> list:
     """All-reduce host `entries` with the ring as one `Pieces` buffer (algorithms/pieces.py):
-    large in-place arrays where they lie, the rest through the fusion buffer.
+    each piece where it lies if its in-place arrays lie back to back (a large array alone
+    always does), else through the fusion buffer.
 
     Every rank cuts the buffer into the same pieces, decided by the agreed sizes alone, so the
     ranks' segments match whatever lies where on each rank.
     """
     first = entries[0]
     groups = _piece_groups(entries)
-    adjacent = adjacent_span(entries)
-    if adjacent is not None:
-        starts = [0, *itertools.accumulate(sum(e.array.size for e in group) for group in groups)]
-        arrays = [adjacent[lo:hi] for lo, hi in itertools.pairwise(starts)]
-        copied = []
-    else:
-        alone = [len(group) == 1 and _in_place(group[0]) and _large(group[0]) for group in groups]
-        copied = [entry for group, own in zip(groups, alone) if not own for entry in group]
-        # Out-of-place results can be views of the fusion buffer if it is a new one each time.
-        # That saves copying every result out, more than the new buffer's first touch costs
-        # over the reused scratch buffer: ResNet-50's 161 gradients at 2 and 3 ranks went from
-        # 1.37x and 1.29x one buffer's all-reduce time to 1.18x (docs/engine.md).
-        fresh = not any(entry.inplace for entry in entries)
-        total = sum(entry.array.size for entry in copied)
-        dtype = first.array.dtype
-        buf = np.empty(total, dtype=dtype) if fresh else scratch(np, dtype, total, "fusion")
-        if copied:
-            with span("MEMCPY_IN_FUSION_BUFFER"):
-                np.concatenate([entry.array.reshape(-1) for entry in copied], out=buf)
-        arrays, offset = [], 0
-        for group, own in zip(groups, alone):
-            if own:
-                arrays.append(group[0].array.reshape(-1))
-            else:
-                size = sum(entry.array.size for entry in group)
-                arrays.append(buf[offset : offset + size])
-                offset += size
+    lying = [adjacent_span(group) for group in groups]  # each piece's own memory, or None
+    copied = [entry for group, own in zip(groups, lying) if own is None for entry in group]
+    # Out-of-place results can be views of the fusion buffer if it is a new one each time.
+    # That saves copying every result out, more than the new buffer's first touch costs over
+    # the reused scratch buffer: ResNet-50's 161 gradients at 2 and 3 ranks went from 1.37x and
+    # 1.29x one buffer's all-reduce time to 1.18x (docs/engine.md).
+    fresh = not any(entry.inplace for entry in entries)
+    total = sum(entry.array.size for entry in copied)
+    dtype = first.array.dtype
+    buf = np.empty(total, dtype=dtype) if fresh else scratch(np, dtype, total, "fusion")
+    if copied:
+        with span("MEMCPY_IN_FUSION_BUFFER"):
+            np.concatenate([entry.array.reshape(-1) for entry in copied], out=buf)
+    arrays, offset = [], 0
+    for group, own in zip(groups, lying):
+        if own is None:
+            own = buf[offset : offset + sum(entry.array.size for entry in group)]
+            offset += own.size
+        arrays.append(own)
     pieces = Pieces(arrays)
     finish = functools.partial(scale, np, factor=factor) if factor != 1.0 else None
     with span("ALLREDUCE_RING"):
@@ -203,9 +197,9 @@ def _ring_where_they_lie(comm, entries: list, transport, factor: float, span) ->
         return [entry.array for entry in entries]  # reduced where they lie
     results, offset = [], 0
     with span("MEMCPY_OUT_FUSION_BUFFER"):
-        for group, own in zip(groups, alone):
+        for group, own in zip(groups, lying):
             for entry in group:
-                if own:
+                if own is not None:
                     results.append(entry.array)
                     continue
                 part = buf[offset : offset + entry.array.size]
@@ -231,17 +225,14 @@ def _large(entry) -> bool:
     return entry.array.nbytes >= ALONE_BYTES
 
 
-def _in_place(entry) -> bool:
-    """Return whether `entry`'s array can be reduced where it lies."""
-    array = entry.array
-    return entry.inplace and array.flags.c_contiguous and array.flags.writeable
-
-
 def adjacent_span(entries: list):
     """Return one host array over the in-place `entries`' arrays if they lie back to back in
     memory in this order (C-contiguous, each starting where the one before ends); else None."""
     if not all(entry.inplace and entry.xp is np for entry in entries):
         return None
+    if len(entries) == 1:
+        array = entries[0].array
+        return array.reshape(-1) if array.flags.c_contiguous and array.flags.writeable else None
     start = end = entries[0].array.ctypes.data
     for entry in entries:
         array = entry.array

@@ -3,7 +3,8 @@
 Everything above a transport (agreement, the engine, fusion, join, timeouts, process sets) runs
 over MPI on every data plane; a transport only moves data that the ranks already agreed on, in
 the order they agreed on it. Every transport has the same methods on flat contiguous buffers
-(numpy, or CuPy for one that carries GPU buffers):
+(numpy, or CuPy for one that carries GPU buffers; MPI's ring all-reduce also takes a host
+`algorithms.pieces.Pieces`, several arrays reduced where they lie):
 
     allreduce(comm, buf, op, xp, algorithm, finish) reduce `buf` in place, then `finish` it
                                                     (in place, each element once; the ring
