@@ -48,14 +48,38 @@ __all__ = [
 #   the graph that does not depend on it and reads the same sources (placeholders, variables,
 #   iterators: `_sources`), so fetching one collective never runs a collective that reads
 #   other inputs (a broadcast of the variables is not re-run by every training step, and a
-#   prediction does not need the labels the gradients need).
+#   prediction does not need the labels the gradients need). A wait also completes the other
+#   requests its run submitted, so that no run leaves one in flight (`_finish_submitted`).
 
 
 def request_name(name, *, kind: str):
     """Return the engine's name for a request: the user's, submission order, or graph place."""
-    if name is not None or tf.executing_eagerly() or tf.inside_function():
+    if tf.executing_eagerly() or tf.inside_function():
         return name
-    return tf.compat.v1.get_default_graph().unique_name(f"horovodlite_{kind}", mark_as_used=True)
+    graph = tf.compat.v1.get_default_graph()
+    if name is None:
+        return graph.unique_name(f"horovodlite_{kind}", mark_as_used=True)
+    return _unique_in_graph(graph, name)
+
+
+_graph_names = weakref.WeakKeyDictionary()  # tf.Graph -> {request name: times given}
+
+
+def _unique_in_graph(graph, name: str) -> str:
+    """Return `name`, or `name_1`, `name_2`, ... if an earlier collective of `graph` took it.
+
+    Horovod's ops take their graph node's name, so two collectives given one name in a TF1 graph
+    are two requests; one run may submit both (see below), and the engine refuses a name in
+    flight. The graph's op names are left alone: users fetch tensors by those.
+    """
+    taken = _graph_names.setdefault(graph, {})
+    unique, count = name, taken.get(name, 0)
+    while unique in taken:
+        count += 1
+        unique = f"{name}_{count}"
+    taken[name] = count
+    taken.setdefault(unique, 0)
+    return unique
 
 
 class _MismatchError(core.MismatchError, tf.errors.FailedPreconditionError):
@@ -177,36 +201,74 @@ def run_local(func, *, touts: list, kind: str) -> list:
     return list(tf.numpy_function(func, [], touts, stateful=True, name=f"Horovodlite{kind}"))
 
 
-# A TF1 graph's submit op hands its wait op a ticket; the pending wait is kept here meanwhile.
+# A TF1 graph's submit op hands its wait op a ticket; the submitted request is kept here meanwhile.
 _tickets: dict = {}
 _ticket_lock = threading.Lock()
 _ticket_numbers = itertools.count(1)
 
 
+class _Request:
+    """A TF1 graph's submitted collective: its wait, run once by whichever op needs it first."""
+
+    def __init__(self, finish):
+        self._finish, self._lock, self._outcome = finish, threading.Lock(), None
+
+    def result(self) -> list:
+        """Wait for the collective (the first call only); return its results or raise its error."""
+        with self._lock:
+            if self._outcome is None:
+                try:
+                    self._outcome = (self._finish(), None)
+                except Exception as error:
+                    self._outcome = (None, error)
+        results, error = self._outcome
+        if error is not None:
+            raise error
+        return results
+
+    def complete(self) -> None:
+        """Wait for the collective; keep its results, or its error, for its own wait op."""
+        with contextlib.suppress(Exception):
+            self.result()
+
+
+class _Collective:
+    """A TF1 graph's collective: its submit and wait ops, the sources it reads, the collectives
+    whose submits its wait runs after, and the ticket of its latest request."""
+
+    def __init__(self):
+        self.submit = self.wait = self.sources = None
+        self.after: list = []  # [_Collective]: their submits are control inputs of this wait
+        self.ticket = None
+
+
+_graph_collectives = weakref.WeakKeyDictionary()  # tf.Graph -> [_Collective]
+
+
 def _submit_then_wait(start, inputs: list, *, touts: list, kind: str) -> list:
     """Return the outputs of a TF1 graph's wait op for the collective `start`, after its submit."""
-    last = [None]  # this op's latest ticket
+    collective = _Collective()
 
     def submit(*arrays):
         with _ticket_lock:
-            unclaimed = _tickets.pop(last[0], None)
-        if unclaimed is not None:
-            # A run that fetched another collective of the graph made this one submit (the
-            # control dependencies below), but did not wait for it: every rank submitted it, so
-            # it completes; let it, so its name is free for this run.
-            # Nobody asked for that result, nor for its error.
-            with contextlib.suppress(Exception):
-                unclaimed()
-        finish = _finishing_in_graph(start(*arrays), touts)
+            unfinished = _tickets.pop(collective.ticket, None)
+        if unfinished is not None:
+            # Waits finish every request their run submitted (below), unless the run failed
+            # first: every rank submitted it, so it completes; let it, so its name is free.
+            unfinished.complete()
+        request = _Request(_finishing_in_graph(start(*arrays), touts))
         with _ticket_lock:
-            ticket = last[0] = next(_ticket_numbers)
-            _tickets[ticket] = finish
-        return np.int64(ticket)
+            collective.ticket = next(_ticket_numbers)
+            _tickets[collective.ticket] = request
+        return np.int64(collective.ticket)
 
     def wait(ticket):
         with _ticket_lock:
-            finish = _tickets.pop(int(ticket))
-        return finish()
+            request = _tickets.pop(int(ticket))
+        try:
+            return request.result()
+        finally:
+            _finish_submitted(collective.after)
 
     token = tf.numpy_function(
         submit, inputs, tf.int64, stateful=True, name=f"Horovodlite{kind}Submit"
@@ -214,18 +276,26 @@ def _submit_then_wait(start, inputs: list, *, touts: list, kind: str) -> list:
     *outs, mismatch = tf.numpy_function(
         wait, [token], [*touts, tf.string], stateful=True, name=f"Horovodlite{kind}"
     )
-    _order(token.op, mismatch.op)
+    collective.submit, collective.wait = token.op, mismatch.op
+    _order(collective)
     return _raising_mismatch(outs, mismatch)
 
 
-class _Collective:
-    """A TF1 graph's submit and wait ops of one collective, and the sources it reads."""
+def _finish_submitted(collectives: list) -> None:
+    """Wait for the latest request of each of `collectives` that its own wait has not taken.
 
-    def __init__(self, submit, wait, sources: frozenset):
-        self.submit, self.wait, self.sources = submit, wait, sources
-
-
-_graph_collectives = weakref.WeakKeyDictionary()  # tf.Graph -> [_Collective]
+    A run that fetches one collective runs the submits of the others that its wait runs after
+    (`_order`), perhaps without their waits. Their requests must not outlive the run: a later
+    request of the same name (another graph, eager code) would find one in flight. Every rank
+    submitted them before this wait, so they complete; a wait that the run does include takes the
+    kept result. What it costs: the fetched collective's consumers start only when every
+    collective that its run submitted has completed.
+    """
+    with _ticket_lock:
+        requests = [_tickets.get(c.ticket) for c in collectives]
+    for request in requests:
+        if request is not None:
+            request.complete()
 
 
 def _ancestors(op) -> set:
@@ -254,23 +324,26 @@ def _sources(ancestors: set, ours: set) -> frozenset:
     )
 
 
-def _order(submit, wait) -> None:
+def _order(collective: _Collective) -> None:
     """Make every wait of the graph run after every submit that it does not feed (same sources)."""
+    submit, wait = collective.submit, collective.wait
     collectives = _graph_collectives.setdefault(submit.graph, [])
     ours = {op for c in collectives for op in (c.submit, c.wait)} | {submit, wait}
     ancestors = _ancestors(submit)
-    sources = _sources(ancestors, ours)
+    collective.sources = _sources(ancestors, ours)
     for other in collectives:
-        if other.sources != sources:
+        if other.sources != collective.sources:
             continue
         # Operation._add_control_input is TensorFlow's own way to add a control input to an op
         # that exists (tf.control_dependencies only reaches ops created inside it). Neither edge
         # can close a cycle: the new wait feeds nothing yet, and `other.wait` gets this submit
         # only if it does not feed it.
         wait._add_control_input(other.submit)
+        collective.after.append(other)
         if other.wait not in ancestors:
             other.wait._add_control_input(submit)
-    collectives.append(_Collective(submit, wait, sources))
+            other.after.append(collective)
+    collectives.append(collective)
 
 
 def differentiable(forward, backward, tensors: list) -> list:

@@ -3,6 +3,7 @@ however few inter-op threads it has: every case runs inside tf.function with one
 and in TF1 sessions with one and with two."""
 
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # A deadlock would otherwise hang until the module's timeout: make it fail within a minute.
@@ -39,13 +40,24 @@ def _run(mode, build):
     """Run `build()` (returning tensors) as a tf.function or in a TF1 session; return values."""
     if mode == "function":
         return tf.nest.map_structure(lambda t: t.numpy(), tf.function(build)())
-    threads = int(mode.split("-")[1])
-    config = tf1.ConfigProto(inter_op_parallelism_threads=threads, intra_op_parallelism_threads=1)
     graph = tf.Graph()
     with graph.as_default():
         fetches = build()
-        with tf1.Session(graph=graph, config=config) as session:
+        with _session(graph, int(mode.split("-")[1])) as session:
             return session.run(fetches)
+
+
+def _session(graph, threads):
+    """Return a TF1 session of `graph` with `threads` inter-op threads of its own.
+
+    Without use_per_session_threads every session shares one pool, sized by the first session.
+    """
+    config = tf1.ConfigProto(
+        inter_op_parallelism_threads=threads,
+        intra_op_parallelism_threads=1,
+        use_per_session_threads=True,
+    )
+    return tf1.Session(graph=graph, config=config)
 
 
 def _rows(r, dims, dtype):
@@ -220,3 +232,97 @@ def test_tf1_runs_that_fetch_part_of_the_graph():
                 np.testing.assert_allclose(got, np.full(2, 2.0 * n))
             got = session.run(sums, {x: [1.0, 2.0]})
             np.testing.assert_allclose(got[2], [3.0 * n, 6.0 * n])
+
+
+def _alltoall_case(case, r, n, dtype):
+    """Rank r's (tensor, splits) and what it receives: values are the sender's rank.
+
+    "sends nothing": rank 1 sends no rows. "receives nothing": nobody sends rank 1 a row.
+    """
+    if case == "sends nothing":
+        sends = [0 if r == 1 else r + 1] * n
+        gets = [0 if k == 1 else k + 1 for k in range(n)]
+    else:
+        sends = [0 if k == 1 else r + 1 for k in range(n)]
+        gets = [0 if r == 1 else k + 1 for k in range(n)]
+    tensor = tf.cast(tf.fill([sum(sends), 2], r), dtype)
+    return tensor, tf.constant(sends, tf.int32), gets
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tf1_alltoall_outputs_fetched_in_separate_runs(threads):
+    # Horovod's graph-mode alltoall tests: one graph, an alltoall named "a2a" per dtype, each
+    # output evaluated in its own Session.run. Each run must finish what it submits, and two
+    # collectives given one name in a graph are two requests, as Horovod's ops take node names.
+    r, n = hvd.rank(), hvd.size()
+    graph = tf.Graph()
+    with graph.as_default(), _session(graph, threads) as session:
+        for case in ("sends nothing", "receives nothing"):
+            for dtype in (tf.float32, tf.float64, tf.int32, tf.int64, tf.float16, tf.uint8):
+                tensor, splits, gets = _alltoall_case(case, r, n, dtype)
+                collected, received_splits = hvd.alltoall(tensor, splits, name="a2a")
+                expected = np.repeat(np.arange(n), gets).astype(dtype.as_numpy_dtype)
+                got = session.run(collected)
+                assert got.dtype == dtype.as_numpy_dtype
+                np.testing.assert_array_equal(got, np.stack([expected, expected], axis=1))
+                assert session.run(tf.size(collected)) == 2 * sum(gets)
+                assert session.run(received_splits).tolist() == gets
+                senders = expected[:, None].astype(np.int32)
+                assert session.run(tf.reduce_all(tf.equal(tf.cast(collected, tf.int32), senders)))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tf1_other_collectives_fetched_one_output_at_a_time(threads):
+    # Any subset of a collective's outputs runs the whole collective; names given twice in one
+    # graph pair up by their order, as on every rank.
+    r, n = hvd.rank(), hvd.size()
+    rows = np.concatenate([np.full(k + 1, k) for k in range(n)])
+    graph = tf.Graph()
+    with graph.as_default(), _session(graph, threads) as session:
+        w = tf1.Variable(tf.fill([2], float(r)))
+        v = tf1.Variable(tf.fill([3], r), dtype=tf.int32)
+        session.run(tf1.global_variables_initializer())
+        for i in range(2):
+            floats = tf.fill([r + 1, 2], float(r + i))
+            ints = tf.cast(tf.fill([r + 1], r), tf.int64)
+            gathered = hvd.grouped_allgather([floats, ints], name="g")
+            scattered = hvd.grouped_reducescatter(
+                [tf.fill([n + 1, 2], float(r)), tf.fill([2 * n], r)], op=hvd.Sum, name="rs"
+            )
+            sent = hvd.alltoall(tf.fill([n * (i + 1)], r), name="a2a")
+            assigns = hvd.broadcast_([w, v], root_rank=n - 1, name="b")
+            assert session.run(gathered[1]).tolist() == rows.tolist()
+            assert session.run(tf.size(gathered[0])) == 2 * len(rows)
+            np.testing.assert_array_equal(session.run(gathered[0])[:, 0], rows + i)
+            total = n * (n - 1) // 2
+            np.testing.assert_array_equal(session.run(scattered[1]), np.full(2, total))
+            first = session.run(scattered[0])
+            np.testing.assert_array_equal(first, np.full((2 if r == 0 else 1, 2), total))
+            assert session.run(tf.shape(sent)).tolist() == [n * (i + 1)]
+            np.testing.assert_array_equal(session.run(sent), np.repeat(np.arange(n), i + 1))
+            session.run(assigns[1])
+            np.testing.assert_array_equal(session.run(v), np.full(3, n - 1))
+            session.run(assigns[0])
+            np.testing.assert_array_equal(session.run(w), np.full(2, n - 1.0))
+
+
+def test_tf1_run_leaves_no_collective_in_flight():
+    # Fetching `first` also submits `second` (its wait runs after every submit that reads the
+    # same sources), which rank 0 submits at once and the other ranks a second later. The run
+    # must wait for it: right after it, eager code may submit a request of the same name.
+    r = hvd.rank()
+
+    def slow(x):
+        if r != 0:
+            time.sleep(1.0)
+        return x
+
+    graph = tf.Graph()
+    with graph.as_default(), _session(graph, 2) as session:
+        x = tf.ones([2])
+        first = hvd.allreduce(x, op=hvd.Sum, name="first")
+        later = tf.numpy_function(slow, [x], tf.float32, stateful=True)
+        hvd.allreduce(later, op=hvd.Sum, name="second")
+        np.testing.assert_array_equal(session.run(first), np.full(2, hvd.size()))
+    eager = hvd.allreduce(tf.ones([2]), op=hvd.Sum, name="second")
+    np.testing.assert_array_equal(eager.numpy(), np.full(2, hvd.size()))
