@@ -3,12 +3,17 @@
 Each `*_async` function builds the same Plan as its synchronous twin (collectives.py) and hands
 it to the engine, so the two share one implementation and one documentation: each takes its
 twin's arguments. Requests are matched across ranks by name; unnamed ones are named
-"<collective>.noname.<n>" in submission order, as Horovod does.
+"<collective>.noname.<n>" in submission order, as Horovod does. A name is held from submission
+until the collective has finished on this rank, synchronized or not.
+
+join() and barrier() live here because they meet both worlds: the synchronous collectives of
+other ranks, and this rank's engine.
 """
 
 import functools
 from typing import Callable
 
+from . import collectives
 from . import state as _state
 from .collectives import (
     allgather_plan,
@@ -20,6 +25,7 @@ from .collectives import (
 from .handles import Handle
 from .joining import join_collectives
 from .plan import signature_of
+from .process_sets import global_process_set
 
 __all__ = [
     "allreduce_async",
@@ -36,6 +42,7 @@ __all__ = [
     "poll",
     "synchronize",
     "join",
+    "barrier",
     "start_timeline",
     "stop_timeline",
 ]
@@ -107,12 +114,30 @@ def join() -> int:
     A rank that runs out of data calls join(); the others keep training, and their all-reduces,
     synchronous or not, still divide by the full number of ranks for Average. Their other
     collectives (allgather, broadcast, alltoall, reducescatter) raise HorovodLiteError while a
-    rank has joined. Returns the same rank on every rank.
+    rank has joined.
+
+    Returns the rank that joined last, the same on every rank whatever the timing: each join
+    takes effect in one negotiation cycle of the engines, agreed by every rank, before this
+    rank answers any collective; the last is the rank whose join took effect in the latest
+    cycle (the highest rank, if several joined in that cycle). A rank that joins after it saw
+    another rank's join (a collective that raised, or that got zeros from it) joins in a later
+    cycle, so it is counted after that rank.
     """
     state = _state.current()
-    state.engine.begin_join()
+    state.engine.begin_join()  # returns once the join took effect: see Engine.begin_join
     join_collectives(state)
     return state.engine.end_join()
+
+
+def barrier(*, process_set=global_process_set) -> None:
+    """Wait until every rank of the process set reaches this call.
+
+    Then wait until the asynchronous collectives that all of them submitted before it have
+    finished on this rank, synchronized or not, so that their names are free again: in Horovod
+    a barrier queues behind them.
+    """
+    collectives.barrier(process_set=process_set)
+    _engine().drain()
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

@@ -42,10 +42,10 @@ __all__ = [
     "allgather_into",
     "reducescatter",
     "alltoall",
-    "barrier",
     "broadcast_object",
     "allgather_object",
 ]  # the *_plan functions are the core's own: asynchronous.py builds on them
+# barrier() is public from asynchronous.py, which also waits for the engine's work there.
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,7 +414,7 @@ alltoall = synchronous(alltoall_plan, "alltoall")
 
 
 def barrier(*, process_set=global_process_set) -> None:
-    """Wait until every rank of the process set reaches this call."""
+    """Wait until every rank of the process set reaches this call (hvd.barrier()'s first half)."""
     comm, ranks = communicator(process_set)
     run_now(
         Plan(

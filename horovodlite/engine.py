@@ -17,7 +17,6 @@ down.
 """
 
 import logging
-import os
 import threading
 import time
 
@@ -26,12 +25,11 @@ from mpi4py import MPI
 
 from .agreement import FAILED, describe, digest, error_text, mismatch_message
 from .exceptions import HorovodLiteError, MismatchError
-from .fusion import fused_allreduce, zeros_entry
+from .fusion import fused_allreduce
 from .handles import Handle, Request
-from .plan import Plan
+from .stalls import stall_shutdown_message, timeout_message, warn_of_stalls
 from .timeline import Timeline
-from .waiting import teardown_later
-from .wakeup import Wakeup, gathering_left, gathering_times
+from .wakeup import Wakeup, gathering_left, gathering_times, overlap_pays
 
 __all__ = ["Engine", "Handle"]
 
@@ -69,10 +67,12 @@ class Engine:
         self.stall_shutdown = settings.stall_shutdown
         self.timeout = settings.collective_timeout
         self.segment_bytes = settings.ring_segment_bytes
-        self.overlap = _overlap_pays(state) if settings.overlap is None else settings.overlap
+        overlap = settings.overlap
+        self.overlap = overlap_pays(state.local_comm.size) if overlap is None else overlap
         self._gather = gathering_times(one_host=state.local_comm.size == state.comm.size)
         self.timeline = None
         self._lock = threading.Lock()
+        self._cycled = threading.Condition(self._lock)  # notified as a cycle ends, or at a stop
         self._wakeup = Wakeup(self.comm, state.generation)
         self._incoming: list = []
         self._in_flight: set = set()
@@ -82,13 +82,12 @@ class Engine:
         self._auto_names: dict = {}
         self._stop_requested = self._joined = False
         self._stopped = None  # the error that stopped the engine
-        self._join_done = threading.Event()
         self._join_result = None
         self._joined_before: set = set()
         self._last_stall_report = self._last_recheck = 0.0
         self._first_seen: dict = {}  # key -> when a full exchange first showed it incomplete
         self._missing: dict = {}  # key -> ranks the last full exchange found missing
-        self.cycles = 0
+        self.cycles = self._cycles_ended = 0  # cycles begun; cycles ended
         if settings.timeline and self.comm.rank == 0:
             self.timeline = Timeline(settings.timeline, settings.timeline_mark_cycles)
         self._thread = threading.Thread(target=self._run, name="horovodlite-engine", daemon=True)
@@ -115,8 +114,9 @@ class Engine:
                 key = (plan.process_set_id, plan.name)
                 if key in self._in_flight or any(r.key == key for r in requests):
                     raise ValueError(
-                        f"{describe(plan.fields)} is already in flight on this rank: "
-                        "synchronize() it first, or give each tensor its own name"
+                        f"{describe(plan.fields)} is already in flight on this rank: its name is "
+                        "free again once it has finished here (synchronize() it, or call "
+                        "barrier() once every rank has submitted it), or give each its own name"
                     )
                 fingerprint = FAILED if plan.error is not None else digest(plan.fields)
                 requests.append(Request(plan, key, fingerprint))
@@ -126,20 +126,46 @@ class Engine:
         return Handle(requests, grouped, self._wakeup)
 
     def begin_join(self) -> None:
-        """Contribute zeros to other ranks' async all-reduces until every rank has joined."""
+        """Join, contributing zeros to all-reduces; return once every engine agreed on it.
+
+        join() answers the others' collectives only after this, so a rank that learns of this
+        join from one joins in a later cycle: the cycles order the joins (_update_join).
+        """
         with self._lock:
             if self._stopped is not None:
                 raise self._stopped
             self._joined, self._join_result = True, None
-            self._join_done.clear()
+            agreed = self.cycles + 1  # the next cycle to begin reads _joined under this lock
         self._wakeup.flush()
+        self._wait_for(lambda: self._cycles_ended >= agreed)
+        if self._stopped is not None:
+            raise self._stopped
 
     def end_join(self) -> int:
-        """Wait until every rank's engine has joined; return the last rank to join there."""
-        self._join_done.wait()
+        """Wait until every rank's engine has joined; return the last rank to join."""
+        self._wait_for(lambda: self._join_result is not None)
         if self._join_result is None:
             raise self._stopped
         return self._join_result
+
+    def drain(self) -> None:
+        """Wait until this rank's requests that every rank submitted before now have finished.
+
+        Two cycles that begin after now suffice: another rank's engine may have begun the first
+        before that rank submitted (before it reached hvd.barrier(), say), but it begins the
+        second only after this rank's engine took part in the first.
+        """
+        with self._lock:
+            if not self._in_flight:
+                return  # the common case: nothing to wait for, and no engine to wake
+            enough = self.cycles + 2
+        with self._wakeup.waiting():  # somebody waits: cycle at once, no gathering
+            self._wait_for(lambda: not self._in_flight or self._cycles_ended >= enough)
+
+    def _wait_for(self, done) -> None:
+        """Block until `done()` holds as a cycle ends, or the engine has stopped."""
+        with self._cycled:
+            self._cycled.wait_for(lambda: done() or self._stopped is not None)
 
     def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
         """Write a Chrome-trace timeline to `path` (rank 0 only)."""
@@ -176,7 +202,11 @@ class Engine:
                     # one a cycle time, each of which takes the GIL from the submitting thread.
                     continue
                 last_cycle = time.monotonic()
-                if not self._cycle() and self._stopped is None:
+                busy = self._cycle()
+                with self._cycled:
+                    self._cycles_ended = self.cycles
+                    self._cycled.notify_all()
+                if not busy and self._stopped is None:
                     self._wakeup.agreed_to_sleep()  # no rank had work: all sleep till one has
                     with self._lock:  # a submission or flush already served wakes nobody
                         if not (self._incoming or self._joined or self._stop_requested):
@@ -214,11 +244,11 @@ class Engine:
         with self._lock:
             incoming, self._incoming = self._incoming, []
             stopping, joined = self._stop_requested, self._joined
+            self.cycles += 1
         for request in incoming:
             self._pending[request.key] = request
         size, me, now = self.comm.size, self.comm.rank, time.monotonic()
         self._fail_sync_meetings(now)
-        self.cycles += 1
 
         count = len(self._cache_keys)
         mine = np.zeros(count, dtype=np.uint8)  # 2: I have it, 1: not mine to send, 0: waiting
@@ -259,7 +289,12 @@ class Engine:
             self.timeline.cycle()
 
         if not (flags[_NOT_STALLED] and flags[_NOT_TIMED_OUT]):  # the same on every rank
-            self._stop_all(HorovodLiteError(self._abort_message(not flags[_NOT_TIMED_OUT])))
+            names = sorted(str(key[1]) for key in self._pending)
+            if flags[_NOT_TIMED_OUT]:
+                message = stall_shutdown_message(self.stall_shutdown, names)
+            else:
+                message = timeout_message(self.timeout, list(self._missing.items()), names)
+            self._stop_all(HorovodLiteError(message))
             return False
         if stopping_ranks:
             who = ", ".join(map(str, stopping_ranks))
@@ -301,23 +336,6 @@ class Engine:
                     del self._pending[key]
                     self._finish(request, error=error)
 
-    def _abort_message(self, timed_out: bool) -> str:
-        """Explain why the engines stop: a request pending too long, somewhere."""
-        names = sorted(str(key[1]) for key in self._pending)
-        if timed_out:
-            missing = "; ".join(f"{k[1]!r} is missing ranks {m}" for k, m in self._missing.items())
-            message = (
-                f"an asynchronous collective waited over {self.timeout:g} s "
-                f"(HOROVODLITE_COLLECTIVE_TIMEOUT): {missing or 'no rank is missing'}; pending "
-                f"here: {names}; the job is torn down"
-            )
-            teardown_later(message)
-            return message
-        return (
-            f"horovodlite stopped: a collective stalled for over {self.stall_shutdown:.0f} s "
-            f"(HOROVODLITE_STALL_SHUTDOWN_TIME_SECONDS); pending here: {names}"
-        )
-
     def _ranks_of(self, process_set_id: int):
         entry = self.state.process_sets.lookup(process_set_id)
         return None if entry is None else entry.ranks
@@ -343,11 +361,10 @@ class Engine:
                 errors[key] = f"process set {key[0]} is not registered on every rank"
                 continue
             missing = [r for r in ranks if r not in by_rank and r not in joined_ranks]
-            if missing:
-                self._missing[key] = missing
-            else:
+            if not missing:
                 self._missing.pop(key, None)
-            if missing:
+            else:
+                self._missing[key] = missing
                 stalled.append((key, missing, self._first_seen.setdefault(key, now)))
                 continue
             self._first_seen.pop(key, None)
@@ -375,13 +392,7 @@ class Engine:
             return  # once per stall check period, not once per cycle
         self._last_stall_report = now
         if self.comm.rank == 0 or any(key in self._pending for key, _ in late):
-            lines = "; ".join(f"{key[1]!r} is missing ranks {missing}" for key, missing in late)
-            _log.warning(
-                "horovodlite stall: for over %.0f s these collectives have been submitted by some "
-                "ranks but not others: %s. Every rank must submit the same collectives.",
-                self.stall_check,
-                lines,
-            )
+            warn_of_stalls(late, self.stall_check)
 
     def _run_ready(self, ready: list, errors: dict, joined_ranks: set) -> None:
         """Run the agreed requests in order, fusing compatible all-reduces."""
@@ -410,7 +421,7 @@ class Engine:
                     )
                 continue
             if request is None:  # this rank has joined: it contributes zeros
-                request = Request(_zeros_plan(fields, key[0]), key, entry.fingerprint)
+                request = Request.zeros(fields, key, entry.fingerprint)
             request.agreed = now
             if request.plan.fusion is None or self.fusion_threshold <= 0:
                 batches.append([request])
@@ -467,34 +478,17 @@ class Engine:
         if len(joined_ranks) < self.comm.size:
             self._joined_before = joined_ranks
             return
+        # The last: the rank whose join was first agreed in this cycle; the highest if several.
         last = max(joined_ranks - self._joined_before or joined_ranks)
         self._joined_before = set()
         with self._lock:
             self._joined, self._join_result = False, last
-        self._join_done.set()
 
     def _stop_all(self, error: Exception) -> None:
-        with self._lock:
+        with self._cycled:  # and no waiter waits for a cycle any more
             self._stopped = error
             requests = list(self._pending.values()) + self._incoming
             self._pending, self._incoming = {}, []
+            self._cycled.notify_all()
         for request in requests:  # each error names its own collective
             self._finish(request, error=type(error)(f"{describe(request.plan.fields)}: {error}"))
-        self._join_done.set()
-
-
-def _overlap_pays(state) -> bool:
-    """Return whether this rank has a spare core for the engine to overlap with computation.
-
-    Where every rank has one core (ranks >= cores: CPU training on a small machine), the
-    engine's work during the backward pass is added to it rather than hidden behind it
-    (measured in docs/torch.md), so the engine then cycles only once results are waited for.
-    """
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    per_rank = min(usable, (os.cpu_count() or 1) / state.local_comm.size)
-    return per_rank >= 2
-
-
-def _zeros_plan(fields: dict, process_set_id: int) -> Plan:
-    """Return the all-reduce a joined rank runs in place of one it never submitted."""
-    return Plan(dict(fields), process_set_id, None, fusion=zeros_entry(fields))

@@ -8,6 +8,7 @@ that somebody waits, so it cycles without delay (wakeup.py).
 import threading
 import time
 
+from .fusion import zeros_entry
 from .plan import Plan
 
 __all__ = ["Handle", "Request"]
@@ -23,6 +24,11 @@ class Request:
         self.waited = None  # when a thread of this rank began to wait for it in synchronize()
         self.result = self.error = None
         self.event = threading.Event()
+
+    @classmethod
+    def zeros(cls, fields: dict, key: tuple, fingerprint: int) -> "Request":
+        """Return the all-reduce a joined rank runs in place of one it never submitted."""
+        return cls(Plan(dict(fields), key[0], None, fusion=zeros_entry(fields)), key, fingerprint)
 
     def finish(self, result=None, error=None) -> None:
         self.result, self.error = result, error

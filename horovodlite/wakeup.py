@@ -20,6 +20,7 @@ for longer on one host than across hosts.
 """
 
 import contextlib
+import os
 import threading
 import time
 
@@ -32,6 +33,7 @@ __all__ = [
     "Wakeup",
     "gathering_left",
     "gathering_times",
+    "overlap_pays",
     "GATHER_ONE_HOST",
     "GATHER_ACROSS_HOSTS",
 ]
@@ -52,6 +54,17 @@ _LONG_SLEEP = 1.0  # seconds asleep after which notes are tested less often
 # gradients into two or three fused batches, each a ring of its own, on a loaded machine.
 GATHER_ONE_HOST = (0.5, 5.0)  # (QUIET, LONGEST) seconds
 GATHER_ACROSS_HOSTS = (0.05, 0.5)
+
+
+def overlap_pays(ranks_here: int) -> bool:
+    """Return whether each of the `ranks_here` ranks of this host has a spare core for its engine.
+
+    Where every rank has one core (ranks >= cores: CPU training on a small machine), the
+    engine's work during the backward pass is added to it rather than hidden behind it
+    (measured in docs/torch.md), so the engine then cycles only once results are waited for.
+    """
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(usable, (os.cpu_count() or 1) / ranks_here) >= 2
 
 
 def gathering_times(one_host: bool) -> tuple:

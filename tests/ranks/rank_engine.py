@@ -5,8 +5,10 @@ numpy computes every expected result from the inputs (`rank_values` is the same 
 so no MPI call is trusted as the oracle here.
 """
 
+import gc
 import threading
 import time
+import weakref
 
 import ml_dtypes
 import numpy as np
@@ -518,8 +520,8 @@ def test_bad_argument_on_one_rank_raises_on_every_rank():
 @pytest.mark.skipif(WORLD_SIZE < 2, reason="needs two ranks: one rank's request ends at once")
 def test_duplicate_name_in_flight_is_a_value_error():
     # A request stays in flight until every rank has submitted it. The last rank submits after
-    # the others have checked (a synchronous barrier does not wake the engines), so nothing
-    # completes in between, however loaded the machine.
+    # the others have checked (after the barrier), so nothing completes in between, however
+    # loaded the machine.
     x, last = np.ones(3), hvd.rank() == hvd.size() - 1
     if not last:
         handle = hvd.allreduce_async(x, op=hvd.Sum, name="dup")
@@ -544,6 +546,75 @@ def test_duplicate_name_in_flight_is_a_value_error():
     # Once synchronized, the name is free again.
     again = hvd.allreduce_async(x, op=hvd.Sum, name="dup")
     np.testing.assert_array_equal(hvd.synchronize(again), np.full(3, hvd.size()))
+
+
+# Each kind: (start it, its result from every rank's input).
+STARTS = {
+    "allreduce": (lambda x, name: hvd.allreduce_async(x, op=hvd.Sum, name=name), sum),
+    "allgather": (lambda x, name: hvd.allgather_async(x, name=name), np.concatenate),
+    "broadcast": (lambda x, name: hvd.broadcast_async(x, 0, name=name), lambda xs: xs[0]),
+}
+
+
+def wait_until_finished(handle) -> None:
+    """Wait for `handle`'s collective without synchronizing it (poll() only asks)."""
+    deadline = time.monotonic() + 60  # a guard against a hang only
+    while not hvd.poll(handle) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert hvd.poll(handle), "the collective never finished"
+
+
+@pytest.mark.parametrize("kind", list(STARTS))
+def test_a_finished_name_is_free_again_without_synchronize(kind):
+    start, result_of = STARTS[kind]
+    inputs = [[rank_values((2, 3), np.float64, k, s) for k in range(hvd.size())] for s in (1, 2)]
+    first = start(inputs[0][hvd.rank()], f"reuse.{kind}")
+    wait_until_finished(first)
+    second = start(inputs[1][hvd.rank()], f"reuse.{kind}")  # not synchronized, yet free
+    np.testing.assert_array_equal(hvd.synchronize(second), result_of(inputs[1]))
+    # Synchronized late, after its name was taken again: still its own result.
+    np.testing.assert_array_equal(hvd.synchronize(first), result_of(inputs[0]))
+
+
+def test_horovod_duplicate_name_tests_one_after_another():
+    # Horovod 0.28.1's test_horovod_{allreduce,allgather,broadcast}_duplicate_name_error, in one
+    # process: rank 0 submits "duplicate_name" (a second submission raises), a barrier, the
+    # other ranks do the same (every rank has submitted it now), a barrier; then the next
+    # collective under the same name. Nobody synchronizes: the barrier returns once what every
+    # rank submitted before it has finished here, so the name is free for the next. Without
+    # overlap a rank's engine gathers its own requests, so nothing completes between the two
+    # submissions, however fast the engine.
+    eng, me = engine(), hvd.rank()
+    before, eng.overlap = eng.overlap, False
+    tensor = np.ones((17, 17, 17), np.float32)
+    try:
+        for kind, (start, _) in STARTS.items():
+            for my_turn in (me == 0, me > 0):
+                if my_turn:
+                    start(tensor, "duplicate_name")
+                    with pytest.raises(ValueError, match=f"{kind} 'duplicate_name' is already in"):
+                        start(tensor, "duplicate_name")
+                hvd.barrier()
+    finally:
+        eng.overlap = before
+
+
+def test_a_dropped_handle_holds_neither_its_name_nor_its_result():
+    x = rank_values((1000,), np.float64, hvd.rank(), 7)
+    handle = hvd.allreduce_async(x, op=hvd.Sum, name="dropped")
+    wait_until_finished(handle)
+    result, request = weakref.ref(handle._requests[0].result), weakref.ref(handle._requests[0])
+    del handle
+    gc.collect()
+    assert result() is None and request() is None
+    # Dropped before it finished: the engine keeps it until then, and not after.
+    request = weakref.ref(hvd.allreduce_async(x, op=hvd.Sum, name="dropped")._requests[0])
+    hvd.barrier()  # every rank submitted it before: it has finished here
+    gc.collect()
+    assert request() is None
+    again = hvd.allreduce_async(x, op=hvd.Sum, name="dropped")
+    inputs = [rank_values((1000,), np.float64, k, 7) for k in range(hvd.size())]
+    assert_reduced(hvd.synchronize(again), reduce_expected(inputs, hvd.Sum))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -668,7 +739,7 @@ def test_without_overlap_requests_nobody_waits_for_still_run():
 
 def test_the_idle_engine_runs_no_cycle():
     # A fresh engine starts asleep: no cycle at all while nobody submits. Every rank checks
-    # before any rank submits (the barrier is synchronous: it does not wake the engines): a
+    # before any rank submits (a barrier with nothing in flight does not wake the engines): a
     # rank that submitted while another still slept its second woke that rank's engine, so
     # the check raced the other ranks' next step under load.
     hvd.shutdown()
@@ -688,7 +759,7 @@ def test_the_idle_engine_runs_no_cycle():
         time.sleep(0.01)
     assert engine()._wakeup.sleeps == sleeps + 1
     assert engine().cycles > 0
-    # The same second on every rank (barriers are synchronous: they do not wake the engines),
+    # The same second on every rank (a barrier with nothing in flight wakes no engine),
     # so no rank's next step lands in another rank's idle second.
     hvd.barrier()
     before = engine().cycles

@@ -3,6 +3,11 @@
 Run on every rank at once (tests/test_ranks.py); rank 0 runs out of data first.
 """
 
+import subprocess
+import sys
+import threading
+import time
+
 import numpy as np
 import pytest
 from oracle import assert_reduced, rank_values, reduce_expected, still_in_step
@@ -88,4 +93,59 @@ def test_join_beside_process_sets():
 def test_every_rank_joins_at_once():
     last = hvd.join()
     assert hvd.allgather_object(last) == [last] * hvd.size()
+    still_in_step()
+
+
+# ---------------------------------------------------------------------------------------------
+# Which rank join() returns: the last to join, by the order every rank agrees on.
+
+
+def _spin(stop: threading.Event) -> None:
+    """Busy Python: contends with the engine thread for the GIL and for the cores."""
+    while not stop.is_set():
+        sum(range(1000))
+
+
+@pytest.mark.parametrize("load", ["quiet", "busy_thread", "busy_process", "sleepy"])
+@pytest.mark.parametrize("seen_by", ["allreduce", "broadcast"])
+def test_join_returns_the_rank_that_joined_last_in_every_round(seen_by, load):
+    # Each round the ranks join one after another, in an order that rotates: rank order[k]
+    # joins only after a collective showed it that order[k - 1] had joined (an all-reduce that
+    # got its zeros, or a broadcast that raised because it had joined). The first sleeps before
+    # it joins, so the others already wait in that collective and join the moment it ends: the
+    # timing in which join() used to return the rank that joined first (issue #37).
+    n, me = hvd.size(), hvd.rank()
+    stop = threading.Event()
+    busy = threading.Thread(target=_spin, args=(stop,), daemon=True)
+    if load == "busy_thread":
+        busy.start()
+    spinner = None
+    if load == "busy_process" and me == 0:  # takes a core from the ranks, not the GIL
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    rng = np.random.default_rng([11, me])
+    try:
+        for round_ in range(10):
+            order = [(round_ + k) % n for k in range(n)]
+            place = order.index(me)
+            if place == 0:
+                time.sleep(rng.uniform(0.01, 0.1) if load == "sleepy" else 0.05)
+            for k in range(place):  # see order[k] join, then go on
+                name = f"order.{seen_by}.{load}.{round_}.{k}"
+                x, active = np.full(3, float(me + 1)), order[k + 1 :]
+                if seen_by == "allreduce":
+                    out = hvd.allreduce(x, op=hvd.Sum, name=name)
+                    np.testing.assert_array_equal(out, np.full(3, sum(r + 1 for r in active)))
+                else:
+                    with pytest.raises(hvd.HorovodLiteError, match="joined: broadcast"):
+                        hvd.broadcast(x, root_rank=active[-1], name=name)
+            last = hvd.join()
+            assert last == order[-1], f"round {round_}: join() returned {last}, order {order}"
+    finally:
+        stop.set()
+        if busy.is_alive():
+            busy.join()
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+    assert hvd.allgather_object(last) == [order[-1]] * n
     still_in_step()
