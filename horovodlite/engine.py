@@ -79,6 +79,8 @@ class Engine:
         self._pending: dict = {}  # key -> Request waiting for agreement
         self._cache: dict = {}  # key -> _CacheEntry, the same on every rank
         self._cache_keys: list = []  # index -> key
+        # (process set id, kind) -> unnamed requests so far: counted per process set, as only
+        # its members submit them, so that a set's requests leave the others' names in step.
         self._auto_names: dict = {}
         self._stop_requested = self._joined = False
         self._stopped = None  # the error that stopped the engine
@@ -108,8 +110,9 @@ class Engine:
                 raise type(self._stopped)(f"{describe(plans[0].fields)}: {self._stopped}")
             for plan in plans:
                 if plan.name is None:
-                    count = self._auto_names.get(plan.kind, 0)
-                    self._auto_names[plan.kind] = count + 1
+                    counter = (plan.process_set_id, plan.kind)
+                    count = self._auto_names.get(counter, 0)
+                    self._auto_names[counter] = count + 1
                     plan.fields["name"] = f"{plan.kind}.noname.{count}"
                 key = (plan.process_set_id, plan.name)
                 if key in self._in_flight or any(r.key == key for r in requests):

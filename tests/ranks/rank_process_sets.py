@@ -118,6 +118,21 @@ def test_even_and_odd_ranks(registered):
     world_still_in_step()
 
 
+
+@needs(3)
+def test_unnamed_requests_on_a_set_leave_the_world_s_names_in_step(registered):
+    # Unnamed async requests are named in submission order. Those on a set are counted per set:
+    # counted with the world's, the ranks outside the set would name the world's next request
+    # differently from its members, and they would never meet.
+    n, r = hvd.size(), hvd.rank()
+    evens = registered(range(0, n, 2))
+    if evens.included():
+        handle = hvd.allreduce_async(np.ones(3), op=hvd.Sum, process_set=evens)
+        np.testing.assert_array_equal(hvd.synchronize(handle), [len(range(0, n, 2))] * 3)
+    handle = hvd.allreduce_async(np.full(2, float(r)), op=hvd.Sum)
+    np.testing.assert_array_equal(hvd.synchronize(handle), [n * (n - 1) / 2] * 2)
+    world_still_in_step()
+
 @needs(3)
 def test_mismatch_inside_a_set_names_global_ranks(registered):
     n, r = hvd.size(), hvd.rank()
