@@ -19,8 +19,9 @@ MODULES = sorted(p.name for p in RANKS_DIR.glob("rank_*.py"))
 CORE = ["rank_adasum.py", "rank_allreduce.py", "rank_collectives.py", "rank_engine.py",
         "rank_errors.py", "rank_join.py", "rank_process_sets.py", "rank_property.py",
         "rank_state.py"]  # fmt: skip
-TORCH = ["rank_adasum_torch.py", "rank_elastic.py", "rank_pipeline.py", "rank_torch.py",
-         "rank_torch_parity.py", "rank_torch_training.py", "rank_zero.py"]  # fmt: skip
+TORCH = ["rank_adasum_torch.py", "rank_elastic.py", "rank_gradients_torch.py", "rank_pipeline.py",
+         "rank_torch.py", "rank_torch_parity.py", "rank_torch_training.py",
+         "rank_zero.py"]  # fmt: skip
 # Training against one process for every torch.optim optimizer (2.5 minutes a launch): at 1 rank
 # and at 3 (odd, and its uneven batch split and ZeRO shards do not divide evenly); the same code
 # at 2 and 4 ranks proves nothing 3 does not (rank_zero.py and rank_torch_training.py run there).
@@ -28,7 +29,10 @@ EQUIVALENCE_TORCH = "rank_equivalence_torch.py"
 # On 1 rank no transport moves anything.
 TRANSPORT = "rank_transport.py"
 TENSORFLOW = ["rank_keras.py", "rank_tensorflow.py", "rank_adasum_tensorflow.py",
-              "rank_tensorflow_graphs.py"]  # fmt: skip
+              "rank_tensorflow_graphs.py", "rank_gradients_tensorflow.py"]  # fmt: skip
+# The gradients of the collectives against one process (docs/equivalence.md) hold at every rank
+# count: at 1 and 4 ranks too, alone.
+GRADIENTS_TENSORFLOW = "rank_gradients_tensorflow.py"
 # Training against one process, in float64. At 3 ranks after rank_keras.py and before
 # rank_tensorflow.py's Keras layers: float64 after float32 and float32 after float64 must both hold
 # (Keras fixes its dtype policy at first use; rank_equivalence_keras.py sets and restores it).
@@ -49,6 +53,8 @@ LAUNCHES = [
     # process at 3 only (odd, batches split unevenly), as test_keras_backends.py on the torch
     # backend; the examples train Keras and TF at 2.
     ("tensorflow", TENSORFLOW, 2, ""), ("tensorflow", TENSORFLOW_3, 3, "")
+] + [
+    ("tensorflow-gradients", [GRADIENTS_TENSORFLOW], np, "") for np in (1, 4)
 ] + [
     # Lightning's import and Trainer set-up take seconds per rank too; it sets torch state of
     # its own (mixed precision), so it runs alone. At 3 ranks (odd, a last group of one batch):

@@ -44,24 +44,6 @@ def _process_set(group) -> Any:
     )
 
 
-class _AllGatherRows(torch.autograd.Function):
-    """Stack every rank's tensor; backward sums the gradients of this rank's row over the ranks.
-
-    Lightning's own all_gather(sync_grads=True) sums, so a loss computed from the gathered
-    tensor on every rank gives each rank the full gradient of its own input.
-    """
-
-    @staticmethod
-    def forward(ctx, tensor, process_set):
-        ctx.process_set = process_set
-        return hvd.allgather(tensor.unsqueeze(0), process_set=process_set)
-
-    @staticmethod
-    def backward(ctx, grad):
-        total = hvd.allreduce(grad.contiguous(), op=hvd.Sum, process_set=ctx.process_set)
-        return total[ctx.process_set.rank()], None
-
-
 class HorovodLiteStrategy(ParallelStrategy):
     """Data-parallel training, one process per device, started by mpiexec or horovodlite-run.
 
@@ -197,11 +179,13 @@ class HorovodLiteStrategy(ParallelStrategy):
         return hvd.allreduce(tensor, op=op, process_set=process_set)
 
     def all_gather(self, tensor, group=None, sync_grads: bool = False):
-        """Return every rank's `tensor` stacked along a new first dimension, in rank order."""
+        """Return every rank's `tensor` stacked along a new first dimension, in rank order.
+
+        With `sync_grads` the gather is differentiable, as Lightning's own: each rank's tensor
+        gets the gradient of the sum of the ranks' losses (horovodlite.torch.allgather's).
+        """
         process_set = _process_set(group)
-        if sync_grads:
-            return _AllGatherRows.apply(tensor, process_set)
-        with torch.no_grad():
+        with torch.set_grad_enabled(sync_grads and torch.is_grad_enabled()):
             return hvd.allgather(tensor.unsqueeze(0), process_set=process_set)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:

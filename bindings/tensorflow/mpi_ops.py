@@ -1,10 +1,9 @@
 """The collectives as TensorFlow ops: eagerly, inside `tf.function`, and in TF1 graphs.
 
 Each collective hands its arrays to the core through op_runner.py, which runs them eagerly or
-as graph ops in an order that cannot deadlock. Gradients are those Horovod registers: an
-all-reduce's is an all-reduce; an allgather's is this rank's rows of the averaged gradient; a
-broadcast's is the averaged gradient on the root and zero elsewhere; a reduce-scatter's is an
-allgather (times the size for Sum, and the scale factors); an alltoall's is the alltoall back.
+as graph ops in an order that cannot deadlock. Each differentiable collective's gradient is the
+core's (horovodlite/training/collective_gradients.py): the gradient of the sum of the ranks'
+losses, run as one more op (`_gradient_op`).
 """
 
 import itertools
@@ -15,7 +14,7 @@ import horovodlite as core
 import tensorflow as tf
 from horovodlite.ops import ReduceOp
 from horovodlite.process_sets import global_process_set, process_set_ranks
-from horovodlite.training import reduce_kwargs, run_per_dtype
+from horovodlite.training import collective_gradients, reduce_kwargs, run_per_dtype
 
 from .compression import Compression
 from .op_runner import (
@@ -90,10 +89,42 @@ def _allreduce_dense(tensors, *, name, args: dict) -> list:
         )
 
     def backward(dys, xs):
-        # y = post * reduce(pre * x) over ranks, so dL/dx is the same reduction of dL/dy.
-        return forward(dys, name=None)
+        return _reduction_gradient(collective_gradients.allreduce_gradients, dys, xs, args)
 
     return differentiable(forward, backward, tensors)
+
+
+def _gradient_op(rule, dys, xs, *, extra=(), kind: str, **options) -> list:
+    """Return ops that run the core's gradient `rule` of a collective with inputs `xs`.
+
+    The op's inputs are the upstream gradients `dys` and the tensors `extra`, which reach
+    `rule(grads, *extra_arrays, name=..., **options)` as arrays after the gradients.
+    """
+    request = request_name(None, kind=kind)
+    count = len(dys)
+
+    def start(*arrays):
+        return rule(list(arrays[:count]), *arrays[count:], name=request, **options)
+
+    return run_op(
+        start,
+        [*dys, *extra],
+        touts=[x.dtype for x in xs],
+        shapes=[x.shape for x in xs],
+        kind=kind.title().replace("_", ""),
+    )
+
+
+def _reduction_gradient(rule, dys, xs, args: dict) -> list:
+    """The gradient of an all-reduce or reduce-scatter: `rule` reads the inputs for some ops."""
+    if args["op"] not in collective_gradients.NEEDS_INPUTS:
+        return _gradient_op(rule, dys, xs, kind=f"{rule.__name__}", **args)
+    count = len(xs)
+
+    def with_inputs(grads, *inputs, **options):
+        return rule(grads, list(inputs[:count]), **options)
+
+    return _gradient_op(with_inputs, dys, xs, extra=xs, kind=rule.__name__, **args)
 
 
 def _allreduce_sparse(slices, *, name, args: dict):
@@ -196,36 +227,6 @@ def grouped_allreduce(
 # -- allgather ------------------------------------------------------------------------------
 
 
-def _allgather_backward(dys, xs, *, process_set) -> list:
-    """Average the gradients over the ranks and keep this rank's rows of each."""
-    rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])
-    request = request_name(None, kind="allgather_grad")
-    rows_request = None if request is None else f"{request}.rows"
-    average = reduce_kwargs(op=ReduceOp.AVERAGE, process_set=process_set)
-
-    def start(rows_here, *grads):
-        reduced = _allreduce_start(grads, name=request, args=average)
-        rows = core.allgather_async(
-            rows_here.reshape(1, -1), name=rows_request, process_set=process_set
-        )
-
-        def finish():
-            grads, everyone = reduced(), core.synchronize(rows)
-            me = (process_set or global_process_set).rank()
-            offsets = everyone[:me].sum(axis=0)
-            return [g[o : o + n] for g, o, n in zip(grads, offsets, everyone[me])]
-
-        return finish
-
-    return run_op(
-        start,
-        [rows, *dys],
-        touts=[x.dtype for x in xs],
-        shapes=[x.shape for x in xs],
-        kind="AllgatherGrad",
-    )
-
-
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Return allgather() of every tensor in `tensors`, as one op (differentiable)."""
     tensors = [tf.convert_to_tensor(t) for t in tensors]
@@ -248,7 +249,15 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=g
         )
 
     def backward(dys, xs):
-        return _allgather_backward(dys, xs, process_set=process_set)
+        rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])
+        return _gradient_op(
+            collective_gradients.allgather_gradients,
+            dys,
+            xs,
+            extra=[rows],
+            kind="allgather_gradients",
+            process_set=process_set,
+        )
 
     return differentiable(forward, backward, tensors)
 
@@ -285,21 +294,13 @@ def _broadcast_tensors(tensors, *, root_rank, name, process_set) -> list:
         )
 
     def backward(dys, xs):
-        request = request_name(None, kind="broadcast_grad")
-        average = reduce_kwargs(op=ReduceOp.AVERAGE, process_set=process_set)
-
-        def start(*grads):
-            reduced = _allreduce_start(grads, name=request, args=average)
-            if core.rank() == root_rank:
-                return reduced
-            return lambda: [r * 0 for r in reduced()]
-
-        return run_op(
-            start,
+        rule = collective_gradients.broadcast_gradients
+        return _gradient_op(
+            lambda grads, **options: rule(grads, root_rank, **options),
             dys,
-            touts=[x.dtype for x in xs],
-            shapes=[x.shape for x in xs],
-            kind="BroadcastGrad",
+            xs,
+            kind="broadcast_gradients",
+            process_set=process_set,
         )
 
     return differentiable(forward, backward, tensors)
@@ -385,18 +386,14 @@ def alltoall(
         return [out]
 
     def backward(dys, xs):
-        request = request_name(None, kind="alltoall_grad")
-        (grad,) = run_op(
-            lambda g, back: waiting(
-                core.alltoall_async(g, back, name=request, process_set=process_set),
-                lambda result: [result[0]],
-            ),
-            [dys[0], received[-1]],
-            touts=[xs[0].dtype],
-            shapes=[xs[0].shape],
-            kind="AlltoallGrad",
+        return _gradient_op(
+            collective_gradients.alltoall_gradients,
+            dys,
+            xs,
+            extra=[received[-1]],
+            kind="alltoall_gradients",
+            process_set=process_set,
         )
-        return [grad]
 
     (output,) = differentiable(forward, backward, [tensor])
     return (output, received[-1]) if given else output
@@ -435,13 +432,7 @@ def grouped_reducescatter(
         )
 
     def backward(dys, xs):
-        # Horovod's HorovodReducescatter gradient: the allgather of the upstream gradients,
-        # times the set's size for Sum, times the prescale and postscale factors.
-        gathered = grouped_allgather(dys, process_set=process_set)
-        scale = prescale_factor * postscale_factor
-        if args["op"] == ReduceOp.SUM:
-            scale *= set_size(process_set)
-        return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gathered]
+        return _reduction_gradient(collective_gradients.reducescatter_gradients, dys, xs, args)
 
     results = differentiable(forward, backward, xs)
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed)]

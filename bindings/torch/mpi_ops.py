@@ -1,8 +1,9 @@
 """The collectives on torch tensors: synchronous, in-place, asynchronous and grouped forms.
 
 Tensors are handed to the core as zero-copy views (tensors.py); no algorithm lives here. The
-out-of-place synchronous collectives are differentiable, each backward being the collective
-Horovod uses for it (`torch.autograd.Function.apply` takes its arguments by position only).
+out-of-place synchronous collectives are differentiable: each backward runs the core's gradient
+of that collective (horovodlite/training/collective_gradients.py), the gradient of the sum of
+the ranks' losses (`torch.autograd.Function.apply` takes its arguments by position only).
 """
 
 import numpy as np
@@ -10,7 +11,7 @@ import numpy as np
 import horovodlite as core
 import torch
 from horovodlite.process_sets import global_process_set
-from horovodlite.training import reduce_kwargs
+from horovodlite.training import collective_gradients, reduce_kwargs
 
 from .compression import Compression
 from .tensors import TensorView
@@ -72,6 +73,24 @@ def synchronize(handle: Handle):
     return handle.wait()
 
 
+def _gradients(rule, grads, *args, **kwargs) -> list:
+    """Return the core's gradient `rule` of a collective, run on the torch gradients `grads`."""
+    views = [TensorView(g.contiguous()) for g in grads]
+    results = rule([v.array for v in views], *args, **kwargs)()
+    return [v.to_tensor(r) for v, r in zip(views, results)]
+
+
+def _save_inputs(ctx, args: dict, tensors) -> None:
+    """Keep the forward's inputs where the op's gradient reads them (Min, Max, Product)."""
+    ctx.args = args
+    ctx.save_for_backward(*(tensors if args["op"] in collective_gradients.NEEDS_INPUTS else ()))
+
+
+def _saved_inputs(ctx):
+    """Return the inputs _save_inputs kept, as core arrays, or None."""
+    return [TensorView(x.detach()).array for x in ctx.saved_tensors] or None
+
+
 # -- all-reduce -------------------------------------------------------------------------------
 # Each public form keeps Horovod's signature (scripts pass these arguments by position), turns
 # its reduce arguments into one mapping, and hands it on by keyword.
@@ -128,12 +147,14 @@ def allreduce_async_(
 class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, args):
-        ctx.args = args
+        _save_inputs(ctx, args, [tensor])
         return _allreduce_now(tensor, name=name, args=args)
 
     @staticmethod
     def backward(ctx, grad):
-        return _allreduce_now(grad.contiguous(), name=None, args=ctx.args), None, None
+        rule = collective_gradients.allreduce_gradients
+        (result,) = _gradients(rule, [grad], _saved_inputs(ctx), **ctx.args)
+        return result, None, None
 
 
 def allreduce(
@@ -201,16 +222,15 @@ def grouped_allreduce_async_(
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, args, *tensors):
-        ctx.args = args
+        _save_inputs(ctx, args, tensors)
         views = [TensorView(t) for t in tensors]
         results = core.grouped_allreduce([v.array for v in views], name=name, **args)
         return tuple(v.to_tensor(r) for v, r in zip(views, results))
 
     @staticmethod
     def backward(ctx, *grads):
-        views = [TensorView(g.contiguous()) for g in grads]
-        results = core.grouped_allreduce([v.array for v in views], **ctx.args)
-        return (None, None, *(v.to_tensor(r) for v, r in zip(views, results)))
+        rule = collective_gradients.allreduce_gradients
+        return (None, None, *_gradients(rule, grads, _saved_inputs(ctx), **ctx.args))
 
 
 def grouped_allreduce(
@@ -288,13 +308,9 @@ class _Allgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        # As Horovod: average the gradient over the ranks, keep this rank's rows.
-        args = reduce_kwargs(op=core.Average, process_set=ctx.process_set)
-        reduced = _allreduce_now(grad.contiguous(), name=None, args=args)
-        rows = core.allgather_object(ctx.rows, process_set=ctx.process_set)
-        me = (ctx.process_set or global_process_set).rank()
-        offset = sum(rows[:me])
-        return reduced.narrow(0, offset, rows[me]), None, None
+        rule = collective_gradients.allgather_gradients
+        (result,) = _gradients(rule, [grad], [ctx.rows], process_set=ctx.process_set)
+        return result, None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
@@ -320,16 +336,8 @@ class _GroupedAllgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        # As the single form: average each gradient over the ranks, keep this rank's rows.
-        args = reduce_kwargs(op=core.Average, process_set=ctx.process_set)
-        views = [TensorView(g.contiguous()) for g in grads]
-        reduced = core.grouped_allreduce([v.array for v in views], **args)
-        rows = core.allgather_object(ctx.rows, process_set=ctx.process_set)
-        me = (ctx.process_set or global_process_set).rank()
-        return (None, None, *(
-            v.to_tensor(r).narrow(0, sum(per_rank[i] for per_rank in rows[:me]), rows[me][i])
-            for i, (v, r) in enumerate(zip(views, reduced))
-        ))  # fmt: skip
+        rule = collective_gradients.allgather_gradients
+        return (None, None, *_gradients(rule, grads, ctx.rows, process_set=ctx.process_set))
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
@@ -361,12 +369,9 @@ class _Broadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        # As Horovod: the root receives the averaged gradient, the others zero.
-        args = reduce_kwargs(op=core.Average, process_set=ctx.process_set)
-        reduced = _allreduce_now(grad.contiguous(), name=None, args=args)
-        if core.rank() != ctx.root_rank:
-            reduced = reduced * 0
-        return reduced, None, None, None
+        rule = collective_gradients.broadcast_gradients
+        (result,) = _gradients(rule, [grad], ctx.root_rank, process_set=ctx.process_set)
+        return result, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
@@ -420,9 +425,9 @@ class _Alltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad, _):
-        view = TensorView(grad.contiguous())
-        out, _ = core.alltoall(view.array, ctx.received, process_set=ctx.process_set)
-        return view.to_tensor(out), None, None, None
+        rule = collective_gradients.alltoall_gradients
+        (result,) = _gradients(rule, [grad], ctx.received, process_set=ctx.process_set)
+        return result, None, None, None
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
@@ -457,45 +462,33 @@ def reducescatter_async(
     return _reducescatter_async([tensor], name=name, args=args, grouped=False)
 
 
-def _reducescatter_gradients(grads: list, args: dict) -> list:
-    """Return the gradients of a reduce-scatter's inputs from its outputs' gradients `grads`.
-
-    Horovod's convention (HorovodReducescatter): the allgather of the upstream gradients,
-    times the set size for Sum, times the prescale and postscale factors. For Average this is
-    the gradient of each rank's share of the summed loss.
-    """
-    process_set = args["process_set"] or global_process_set
-    gathered = grouped_allgather(
-        [g.contiguous() for g in grads], name=None, process_set=process_set
-    )
-    factor = args["prescale_factor"] * args["postscale_factor"]
-    if args["op"] == core.Sum:
-        factor *= process_set.size()
-    return [g * factor if factor != 1.0 else g for g in gathered]
+def _reducescatter_gradients(ctx, grads) -> list:
+    rule = collective_gradients.reducescatter_gradients
+    return _gradients(rule, grads, _saved_inputs(ctx), **ctx.args)
 
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, args):
-        ctx.args = args
+        _save_inputs(ctx, args, [tensor])
         view = TensorView(tensor)
         return view.to_tensor(core.reducescatter(view.array, name=name, **args))
 
     @staticmethod
     def backward(ctx, grad):
-        return _reducescatter_gradients([grad], ctx.args)[0], None, None
+        return _reducescatter_gradients(ctx, [grad])[0], None, None
 
 
 class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, args, *tensors):
-        ctx.args = args
+        _save_inputs(ctx, args, tensors)
         return tuple(synchronize(_reducescatter_async(list(tensors), name=name, args=args,
                                                       grouped=True)))  # fmt: skip
 
     @staticmethod
     def backward(ctx, *grads):
-        return (None, None, *_reducescatter_gradients(list(grads), ctx.args))
+        return (None, None, *_reducescatter_gradients(ctx, grads))
 
 
 def reducescatter(

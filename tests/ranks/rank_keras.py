@@ -281,6 +281,63 @@ def test_collectives_on_backend_tensors():
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(mine), np.full((1, 2), n))
 
 
+def _value_and_gradients(loss_of, arrays: list):
+    """Return loss_of(tensors) and its gradients with respect to `arrays`, on the backend."""
+    if BACKEND == "torch":
+        import torch
+
+        xs = [torch.tensor(a, requires_grad=True) for a in arrays]
+        loss = loss_of(xs)
+        grads = torch.autograd.grad(loss, xs, allow_unused=True)
+        return [None if g is None else g.numpy() for g in grads]
+    import tensorflow as tf
+
+    xs = [tf.Variable(a) for a in arrays]
+    with tf.GradientTape() as tape:
+        loss = loss_of(xs)
+    return [None if g is None else g.numpy() for g in tape.gradient(loss, xs)]
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "allgather", "broadcast", "reducescatter"])
+def test_collective_gradients_equal_one_process(collective):
+    # Through horovodlite.keras to the backend's binding: the gradient of the sum of the ranks'
+    # losses, against the backend's autograd of one process over every rank's data.
+    from gradient_cases import Case, Ops, fit, inputs, output_shapes, outputs, upstream
+
+    ops = Ops(
+        concat=lambda ts: keras.ops.concatenate(ts, axis=0),
+        stack=lambda ts: keras.ops.stack(ts, axis=0),
+        reduce={"SUM": lambda s: keras.ops.sum(s, axis=0)},
+    )
+    rows = {"allgather": (1, 3, 0, 2), "reducescatter": (5,) * 4}.get(collective, (3,) * 4)
+    case = fit(Case(collective, (rows,), ((2,),), root=1 % hvd.size(), seed=11), hvd.size())
+    n, me = hvd.size(), hvd.rank()
+    weights = [upstream(case, i, shapes) for i, shapes in enumerate(output_shapes(case, n))]
+
+    def job_loss(everyone_flat):
+        everyone = [[x] for x in everyone_flat]
+        ys = outputs(case, everyone, ops)
+        return sum(keras.ops.sum(keras.ops.convert_to_tensor(w[0]) * y[0])
+                   for w, y in zip(weights, ys))  # fmt: skip
+
+    expected = _value_and_gradients(job_loss, [inputs(case, i)[0] for i in range(n)])[me]
+
+    def my_loss(xs):
+        call = {
+            "allreduce": lambda x: hvd.allreduce(x, op=hvd.Sum),
+            "allgather": hvd.allgather,
+            "broadcast": lambda x: hvd.broadcast(x, root_rank=case.root),
+            "reducescatter": lambda x: hvd.reducescatter(x, op=hvd.Sum),
+        }[collective]
+        return keras.ops.sum(keras.ops.convert_to_tensor(weights[me][0]) * call(xs[0]))
+
+    (got,) = _value_and_gradients(my_loss, inputs(case, me))
+    unused = np.zeros_like(inputs(case, me)[0])  # a broadcast's non-root input
+    np.testing.assert_allclose(
+        unused if got is None else got, unused if expected is None else expected, atol=1e-12
+    )
+
+
 def test_arguments_are_checked_before_any_communication():
     with pytest.raises(RuntimeError, match="BroadcastGlobalVariablesCallback"):
         hvd.broadcast_global_variables(0)

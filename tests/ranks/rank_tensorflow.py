@@ -211,7 +211,7 @@ def test_indexed_slices_of_integers_average_to_floats(mode):
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
-def test_gradients_match_horovod(mode):
+def test_gradients_are_those_of_the_ranks_summed_losses(mode):
     r, n = hvd.rank(), hvd.size()
 
     def grads():
@@ -229,19 +229,19 @@ def test_gradients_match_horovod(mode):
     g_sum, g_gather, g_bcast = grads() if mode == "eager" else tf.function(grads)()
     # all-reduce: the gradient is the all-reduce (Sum) of the upstream gradients
     np.testing.assert_allclose(g_sum.numpy()[0], n * np.array([1.0, 3.0]))
-    # allgather: this rank's rows of the averaged upstream gradient
+    # allgather: this rank's rows of the upstream gradient summed over the n ranks
     offset = r * (r + 1) // 2
     ramp = np.arange(2 * (offset + r + 1)).reshape(-1, 2)[offset:]
-    np.testing.assert_allclose(g_gather.numpy(), ramp)
-    # broadcast: the averaged upstream gradient on the root, zero elsewhere
-    expected = np.array([1.0, 3.0]) if r == 0 else np.zeros(2)
+    np.testing.assert_allclose(g_gather.numpy(), n * ramp)
+    # broadcast: the upstream gradient summed over the ranks on the root, zero elsewhere
+    expected = n * np.array([1.0, 3.0]) if r == 0 else np.zeros(2)
     np.testing.assert_allclose(g_bcast.numpy()[0], expected)
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
-def test_reducescatter_gradients_follow_horovod(mode):
-    # Horovod's HorovodReducescatter gradient: the allgather of the upstream gradients, times
-    # the size for Sum, times the prescale and postscale factors; grouped alike.
+def test_reducescatter_gradients_are_those_of_the_ranks_summed_losses(mode):
+    # The allgather of the upstream gradients, times the prescale and postscale factors, over
+    # the size for Average; grouped alike. (Horovod's is n times this for Sum, #2654.)
     r, n = hvd.rank(), hvd.size()
 
     def grads():
@@ -259,9 +259,9 @@ def test_reducescatter_gradients_follow_horovod(mode):
     total, mean, grouped = grads() if mode == "eager" else tf.function(grads)()
     # Each rank's 2 rows come from every rank; rank k's upstream gradient is k + 1.
     gathered = np.repeat(np.arange(n) + 1.0, 2)
-    np.testing.assert_allclose(total.numpy().ravel(), n * gathered)
-    np.testing.assert_allclose(mean.numpy().ravel(), 3.0 * gathered)
-    np.testing.assert_allclose(grouped.numpy().ravel(), n * gathered + 2.0 * n)
+    np.testing.assert_allclose(total.numpy().ravel(), gathered)
+    np.testing.assert_allclose(mean.numpy().ravel(), 3.0 * gathered / n, rtol=1e-6)
+    np.testing.assert_allclose(grouped.numpy().ravel(), gathered + 2.0)
 
 
 def test_reducescatter_and_alltoall_gradients():

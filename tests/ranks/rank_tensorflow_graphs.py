@@ -198,9 +198,9 @@ def test_tf1_collectives_that_feed_each_other_and_their_gradients(threads):
     chained, grad, others = _run(f"graph-{threads}", build)
     gathered = np.concatenate([np.full((2, 2), k + 1.0) for k in range(n)])
     np.testing.assert_array_equal(chained, n * gathered)
-    # The upstream gradient of the gathered rows is n (the all-reduce's Sum), which Horovod's
-    # allgather gradient averages over the ranks; the all-reduce of x adds n more.
-    np.testing.assert_allclose(grad, np.full((2, 2), 2.0 * n))
+    # The upstream gradient of the gathered rows is n on every rank (the all-reduce's Sum), and
+    # the allgather's gradient sums it over the n ranks; the all-reduce of x adds n more.
+    np.testing.assert_allclose(grad, np.full((2, 2), n * n + n))
     for i, b in enumerate(others):
         np.testing.assert_array_equal(b, np.full(2, i % n + i))
 

@@ -82,8 +82,8 @@ def test_allgather_uneven_rows_and_gradient():
     out = hvd.allgather(x)
     rows = [k for k in range(n) for _ in range(k + 1)]
     assert out[:, 0].tolist() == [float(k) for k in rows]
-    out.sum().backward()  # every rank's loss uses all rows: the averaged gradient is one
-    assert x.grad.tolist() == [[1.0, 1.0]] * (r + 1)
+    out.sum().backward()  # each of the n ranks' losses reads every row once
+    assert x.grad.tolist() == [[float(n)] * 2] * (r + 1)
     handle = hvd.grouped_allgather_async([torch.ones(1), torch.ones(r)], name="gag")
     first, second = hvd.synchronize(handle)
     assert first.shape[0] == n and second.shape[0] == sum(range(n))
@@ -98,8 +98,8 @@ def test_broadcast_forms_and_gradient():
     handle = hvd.broadcast_async(torch.full((1,), float(r)), 0, name="b.async")
     assert hvd.synchronize(handle).tolist() == [0.0]
     x = torch.ones(2, requires_grad=True)
-    hvd.broadcast(x, 0).sum().backward()
-    assert x.grad.tolist() == ([1.0, 1.0] if r == 0 else [0.0, 0.0])
+    hvd.broadcast(x, 0).sum().backward()  # each of the n ranks' losses reads the root's x
+    assert x.grad.tolist() == ([float(n)] * 2 if r == 0 else [0.0, 0.0])
 
 
 def test_alltoall_with_and_without_splits_and_gradient():
@@ -126,7 +126,8 @@ def test_reducescatter_split_and_gradient():
     assert out.shape == (rows // n + (1 if r < rows % n else 0), 3)
     assert out.unique().tolist() == [float(n)]
     out.sum().backward()
-    assert x.grad.tolist() == [[float(n)] * 3] * rows  # Horovod's: times the set size for Sum
+    # The ranks' losses add up every row of the sum once (Horovod's gradient is n times this).
+    assert x.grad.tolist() == [[1.0] * 3] * rows
     averaged = hvd.synchronize(hvd.reducescatter_async(torch.full((n, 1), 2.0), name="rs"))
     assert averaged.tolist() == [[2.0]]
 

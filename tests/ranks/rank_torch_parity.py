@@ -1,5 +1,6 @@
-"""horovodlite.torch where Horovod's behaviour is the reference: handles, scaling, autograd of the
-reduce-scatter and grouped forms, in-place checks, optimizer state and gradient corner cases."""
+"""horovodlite.torch beside Horovod's behaviour: handles, scaling, autograd of the reduce-scatter
+and grouped forms (the sum of the ranks' losses, not Horovod's scaling: docs/equivalence.md),
+in-place checks, optimizer state and gradient corner cases."""
 
 import warnings
 
@@ -57,7 +58,7 @@ SCALINGS = [(hvd.Sum, 1.0, 1.0), (hvd.Average, 1.0, 1.0), (hvd.Sum, 0.5, 3.0),
 
 
 @pytest.mark.parametrize("op, pre, post", SCALINGS)
-def test_reducescatter_gradient_is_horovods(op, pre, post):
+def test_reducescatter_gradient_is_that_of_the_ranks_summed_losses(op, pre, post):
     r, n = hvd.rank(), hvd.size()
     rows = 2 * n + 1
     x = torch.ones(rows, 2, requires_grad=True)
@@ -65,9 +66,9 @@ def test_reducescatter_gradient_is_horovods(op, pre, post):
     kwargs = dict(op=op, prescale_factor=pre, postscale_factor=post)
     out = hvd.reducescatter(x, **kwargs)
     (out * (r + 1)).sum().backward()
-    # The allgather of the upstream gradients (rank k's rows carry k + 1), times the set size
-    # for Sum, times both factors.
-    factor = pre * post * (n if op == hvd.Sum else 1)
+    # The allgather of the upstream gradients (rank k's rows carry k + 1), times both factors,
+    # over the set size for Average. (Horovod's is n times this: its issue #2654.)
+    factor = pre * post / (n if op == hvd.Average else 1)
     bounds = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
     expected = torch.cat([torch.full((b, 2), (k + 1) * factor) for k, b in enumerate(bounds)])
     torch.testing.assert_close(x.grad, expected)
@@ -88,10 +89,10 @@ def test_grouped_allgather_is_differentiable():
     gathered = hvd.grouped_allgather([a, b], name="gag.grad")
     assert [g.shape[0] for g in gathered] == [n * (n + 1) // 2, n]
     (gathered[0].sum() * (r + 1) + gathered[1].sum() * 2 * (r + 1)).backward()
-    # As the single form: the upstream gradient averaged over the ranks, this rank's rows.
-    mean = (n + 1) / 2
-    assert a.grad.tolist() == [[mean, mean]] * (r + 1)
-    assert b.grad.tolist() == [2 * mean]
+    # As the single form: this rank's rows of the upstream gradient summed over the ranks.
+    total = n * (n + 1) / 2
+    assert a.grad.tolist() == [[total, total]] * (r + 1)
+    assert b.grad.tolist() == [2 * total]
 
 
 def test_alltoall_splits_that_are_not_integers_are_a_value_error():

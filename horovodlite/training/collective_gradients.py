@@ -1,0 +1,278 @@
+"""The gradients of the collectives: the one rule that every binding's autograd follows.
+
+A job of n ranks trains on the sum of its ranks' losses, L = L_0 + ... + L_{n-1}, where rank r's
+loss reads the collective's output on rank r. That is the loss one process computes over all
+ranks' data, so with it n ranks train as one process does on the whole batch (docs/equivalence.md).
+The gradient of L with respect to rank s's input therefore adds up, over every rank r, what r's
+upstream gradient says about s's input. Each collective's gradient is its adjoint:
+
+- all-reduce, Sum or Average, y = post * reduce(pre * x): G = the sum over the ranks of the
+  upstream gradients, and dx = pre * post * G (divided by the set's size for Average).
+- all-reduce, Min or Max: G as above, given to the ranks whose pre * x is the extreme, split
+  evenly where several ranks hold it (the rule of torch's amax and TensorFlow's reduce_max).
+- all-reduce, Product: G times pre * post times the product of the other ranks' pre * x.
+- reduce-scatter: as the all-reduce, with G the concatenation of the ranks' upstream gradients
+  (rank r's upstream gradient belongs to rank r's rows of the full reduction).
+- allgather: the sum over the ranks of the upstream gradient's rows that came from this rank.
+- broadcast: on the root, the sum over the ranks of the upstream gradients; zero elsewhere.
+- alltoall: the alltoall of the upstream gradient back, with the received splits as splits.
+
+Horovod (0.28.1) averages where this sums for allgather and broadcast, and multiplies Sum's
+reduce-scatter gradient by n: its issue #2654. horovodlite keeps Horovod's API and follows the
+sum of the losses (docs/equivalence.md, "Collectives inside the model").
+
+Each function takes the upstream gradients on this rank as core arrays (numpy or CuPy), submits
+the collectives that their gradient needs without blocking, and returns `finish()`, which waits
+and returns the gradients of this rank's inputs. A binding converts its tensors, calls one of
+these and converts back: TensorFlow's graph ops submit in one op and finish in another
+(bindings/tensorflow/op_runner.py); torch calls `finish()` at once. Requests are named
+`name` + a suffix when `name` is given (a TF1 graph, whose ops run in any order), else by
+submission order.
+"""
+
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..asynchronous import (
+    alltoall_async,
+    grouped_allgather_async,
+    grouped_allreduce_async,
+    synchronize,
+)
+from ..buffers import array_module
+from ..ops import ReduceOp
+from ..process_sets import ProcessSet, global_process_set
+from ..state import rank
+
+__all__ = [
+    "allreduce_gradients",
+    "reducescatter_gradients",
+    "allgather_gradients",
+    "broadcast_gradients",
+    "alltoall_gradients",
+    "NEEDS_INPUTS",
+]
+
+Finish = Callable[[], list]
+
+# The ops whose gradient reads the forward pass's inputs, not only the upstream gradient.
+NEEDS_INPUTS = (ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
+
+
+def _member(name: Optional[str], suffix: str) -> Optional[str]:
+    return None if name is None else f"{name}.{suffix}"
+
+
+def _waiting(handle) -> Finish:
+    return lambda: synchronize(handle)
+
+
+def _set(process_set: Optional[ProcessSet]) -> ProcessSet:
+    return process_set or global_process_set
+
+
+def allreduce_gradients(
+    grads: list,
+    inputs: Optional[list] = None,
+    *,
+    op: ReduceOp,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Optional[ProcessSet] = global_process_set,
+    name: Optional[str] = None,
+) -> Finish:
+    """Start the gradient of an all-reduce (or a grouped one) of `inputs`; return its finish.
+
+    Args:
+        grads: the upstream gradient of each output on this rank.
+        inputs: the forward pass's inputs on this rank; read by Min, Max and Product only.
+        op, prescale_factor, postscale_factor, process_set: the forward all-reduce's.
+        name: the base of the requests' names (None: submission order).
+
+    Raises:
+        ValueError: op is Adasum, whose result is no fixed function of one rank's input.
+    """
+    _check_differentiable(op)
+    summed = _waiting(
+        grouped_allreduce_async(
+            grads, op=ReduceOp.SUM, process_set=process_set, name=_member(name, "sum")
+        )
+    )
+    return _through_reduction(
+        summed, inputs, op, prescale_factor, postscale_factor, _set(process_set), name
+    )
+
+
+def reducescatter_gradients(
+    grads: list,
+    inputs: Optional[list] = None,
+    *,
+    op: ReduceOp,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Optional[ProcessSet] = global_process_set,
+    name: Optional[str] = None,
+) -> Finish:
+    """Start the gradient of a reduce-scatter (or a grouped one); return its finish.
+
+    Arguments as allreduce_gradients(); `grads` are the gradients of this rank's rows.
+    """
+    _check_differentiable(op)
+    gathered = _waiting(
+        grouped_allgather_async(grads, process_set=process_set, name=_member(name, "rows"))
+    )
+    return _through_reduction(
+        gathered, inputs, op, prescale_factor, postscale_factor, _set(process_set), name
+    )
+
+
+def _check_differentiable(op: ReduceOp) -> None:
+    if op == ReduceOp.ADASUM:
+        raise ValueError(
+            "an Adasum all-reduce has no gradient here: Adasum combines the ranks' gradients "
+            "(DistributedOptimizer(op=hvd.Adasum)); inside a model use op=hvd.Sum or hvd.Average"
+        )
+
+
+def _through_reduction(
+    upstream: Finish, inputs, op: ReduceOp, pre: float, post: float, process_set, name
+) -> Finish:
+    """Return the finish of a reduction's gradient, given the finish of G (`upstream`).
+
+    Every op's gradient is pre * post * G times the derivative of the reduction of the
+    prescaled inputs z = pre * x with respect to this rank's z.
+    """
+    scale = pre * post
+    if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        factor = scale / process_set.size() if op == ReduceOp.AVERAGE else scale
+        return lambda: [_scaled(g, factor) for g in upstream()]
+    if inputs is None:
+        raise ValueError(f"the gradient of a {op.name} reduction needs the forward's inputs")
+    prescaled = [x if pre == 1.0 else x * pre for x in inputs]
+    if op == ReduceOp.PRODUCT:
+        return _product_gradient(upstream, prescaled, scale, process_set, name)
+    return _extreme_gradient(upstream, prescaled, op, scale, process_set, name)
+
+
+def _extreme_gradient(upstream: Finish, prescaled: list, op, scale, process_set, name) -> Finish:
+    """Min or Max: G goes to the ranks that hold the extreme, split evenly between them."""
+    extremes = _waiting(
+        grouped_allreduce_async(
+            prescaled, op=op, process_set=process_set, name=_member(name, "extreme")
+        )
+    )
+
+    def finish() -> list:
+        summed, extreme = upstream(), extremes()
+        held = [(z == m).astype(g.dtype) for z, m, g in zip(prescaled, extreme, summed)]
+        holders = synchronize(
+            grouped_allreduce_async(
+                held, op=ReduceOp.SUM, process_set=process_set, name=_member(name, "holders")
+            )
+        )
+        # Where no rank holds it (a NaN), no rank gets a gradient, rather than 0 / 0.
+        return [
+            g * scale * h / array_module(c).maximum(c, 1) for g, h, c in zip(summed, held, holders)
+        ]
+
+    return finish
+
+
+def _product_gradient(upstream: Finish, prescaled: list, scale, process_set, name) -> Finish:
+    """Product: G times the product of the other ranks' prescaled inputs (without division,
+    so that a zero on one rank still gives the others their gradient)."""
+    factors = _waiting(
+        grouped_allgather_async(
+            [z.reshape(1, -1) for z in prescaled],
+            process_set=process_set,
+            name=_member(name, "factors"),
+        )
+    )
+
+    def finish() -> list:
+        summed, stacks, me = upstream(), factors(), process_set.rank()
+        out = []
+        for g, stack in zip(summed, stacks):
+            xp = array_module(stack)
+            others = xp.prod(stack[:me], axis=0) * xp.prod(stack[me + 1 :], axis=0)
+            # conj: the gradient of a complex product, as torch and TensorFlow define it.
+            out.append(g * scale * xp.conj(others).reshape(g.shape).astype(g.dtype))
+        return out
+
+    return finish
+
+
+def _scaled(array, factor: float):
+    return array if factor == 1.0 else array * factor
+
+
+def allgather_gradients(
+    grads: list,
+    rows: list,
+    *,
+    process_set: Optional[ProcessSet] = global_process_set,
+    name: Optional[str] = None,
+) -> Finish:
+    """Start the gradient of an allgather (or a grouped one); return its finish.
+
+    Args:
+        grads: the upstream gradient of each gathered output on this rank.
+        rows: the number of rows (dimension 0) of each input on this rank.
+    """
+    process_set = _set(process_set)
+    summed = _waiting(
+        grouped_allreduce_async(
+            grads, op=ReduceOp.SUM, process_set=process_set, name=_member(name, "sum")
+        )
+    )
+    counts = _waiting(
+        grouped_allgather_async(
+            # On the host, whatever holds the gradients: one row of counts per rank.
+            [np.asarray(rows, dtype=np.int64).reshape(1, -1)],
+            process_set=process_set,
+            name=_member(name, "counts"),
+        )
+    )
+
+    def finish() -> list:
+        summed_grads, (everyone,) = summed(), counts()
+        me = process_set.rank()
+        starts = everyone[:me].sum(axis=0)
+        return [g[start : start + n] for g, start, n in zip(summed_grads, starts, everyone[me])]
+
+    return finish
+
+
+def broadcast_gradients(
+    grads: list,
+    root_rank: int,
+    *,
+    process_set: Optional[ProcessSet] = global_process_set,
+    name: Optional[str] = None,
+) -> Finish:
+    """Start the gradient of a broadcast from global rank `root_rank`; return its finish."""
+    summed = _waiting(
+        grouped_allreduce_async(
+            grads, op=ReduceOp.SUM, process_set=process_set, name=_member(name, "sum")
+        )
+    )
+    if rank() == root_rank:
+        return summed
+    return lambda: [array_module(g).zeros_like(g) for g in summed()]
+
+
+def alltoall_gradients(
+    grads: list,
+    received_splits,
+    *,
+    process_set: Optional[ProcessSet] = global_process_set,
+    name: Optional[str] = None,
+) -> Finish:
+    """Start the gradient of an alltoall that received `received_splits` rows from each rank.
+
+    `grads` holds the one upstream gradient; the finish returns the one input gradient.
+    """
+    (grad,) = grads
+    handle = alltoall_async(grad, received_splits, process_set=process_set, name=name)
+    return lambda: [synchronize(handle)[0]]
