@@ -4,16 +4,19 @@ import csv
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 from types import SimpleNamespace
 
 import pytest
 
-from horovodlite.bench.method import bus_factor, format_size, message_sizes, parse_size
+from horovodlite.bench import cli, gpu
+from horovodlite.bench.method import Timing, bus_factor, format_size, message_sizes, parse_size
 from horovodlite.bench.peers import _Buffers, _checker
 from horovodlite.bench.report import CSV_COLUMNS, format_tables
-from horovodlite.bench.sweep import element_count
+from horovodlite.bench.sweep import element_count, result_row
 
 
 def test_sizes_and_units():
@@ -154,3 +157,71 @@ def test_cli_two_ranks_writes_checked_results(tmp_path):
         png = tmp_path / f"t_{collective}.png"
         assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert os.path.getsize(tmp_path / "t_allreduce.png") > 10000
+
+
+def _fake_gpu_measure(comm, args, schedule):
+    """Stand in for gpu.measure(): the rows a one-rank GPU run returns, with no GPU."""
+    assert args.collectives == list(gpu.COLLECTIVES)  # the launcher passed the GPU's defaults
+    timing = Timing(schedule.min_iterations, 5, (2e-5,) * schedule.repeats)
+    rows = [
+        {**result_row(collective, name, 1024, comm.size, timing, True), "transport": moved}
+        for collective in args.collectives
+        for name, moved in (("horovodlite", "nccl"), ("torch-nccl", "nccl"))
+    ]
+    return rows, {"gpu": "Fake GPU 80GB", "gpus_per_host": 1}
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_launcher_collects_the_jobs_run_wherever_the_job_starts(device, tmp_path, monkeypatch):
+    """`--np 1 --out DIR`: the job writes its run where the launcher reads it (issue #38).
+
+    The launcher and its job run in this process, the job in another working folder; every step
+    is the command line's own (the job's arguments, its measurement, tables and result file, the
+    launcher's outputs) except that with --device cuda the GPU measurement is replaced.
+    """
+    if device == "cuda":
+        monkeypatch.setattr(gpu, "cuda_missing", lambda: "")
+        monkeypatch.setattr(gpu, "measure", _fake_gpu_measure)
+    elsewhere = tmp_path / "job"
+    elsewhere.mkdir()
+    jobs = []
+
+    def execute(argv, env, timeout):
+        jobs.append(argv)
+        monkeypatch.chdir(elsewhere)
+        return cli.main(argv[argv.index("horovodlite.bench") + 1 :])
+
+    monkeypatch.setattr(cli, "_execute", execute)
+    out = tmp_path / "results"
+    argv = ["--device", device, "--np", "1", "--out", str(out), "--no-plot", "--no-progress"]
+    if device == "cpu":
+        argv += ["--collectives", "allreduce", "--contenders", "mpi,mpi-native", "--max-size",
+                 "64", "--size-factor", "8", "--time-per-size", "0.001", "--repeats", "1",
+                 "--min-iterations", "1", "--max-iterations", "2"]  # fmt: skip
+    sigterm = signal.getsignal(signal.SIGTERM)  # launch() unwinds on SIGTERM
+    try:
+        assert cli.main(argv) == 0
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+
+    [job] = jobs
+    assert job[job.index("--worker-output") + 1].startswith(tempfile.gettempdir())
+    assert list(elsewhere.iterdir()) == []  # nothing written in the job's working folder
+    name = "collectives" if device == "cpu" else "collectives_cuda"
+    assert sorted(os.listdir(out)) == [name + ".csv", name + ".json"]
+    with open(out / f"{name}.json") as f:
+        [run] = json.load(f)["runs"]
+    assert run["facts"]["ranks"] == 1 and run["rows"]
+    assert all(row["correct"] for row in run["rows"])
+    with open(out / f"{name}.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(run["rows"]) and list(rows[0]) == CSV_COLUMNS
+    if device == "cuda":
+        assert "Fake GPU 80GB" in run["setting"]
+        assert {r["collective"] for r in rows} == set(gpu.COLLECTIVES)
+        assert {r["transport"] for r in rows} == {"nccl"}
+        assert float(rows[0]["time_us"]) == pytest.approx(20.0)
+    else:
+        assert {(r["contender"], int(r["bytes"])) for r in rows} == {
+            (c, s) for c in ("mpi", "mpi-native") for s in (8, 64)
+        }

@@ -1,5 +1,6 @@
 """HorovodLiteStrategy: Lightning's data-parallel training on horovodlite's DistributedOptimizer."""
 
+import socket
 from typing import Any, Optional
 
 import horovodlite.torch as hvd
@@ -10,6 +11,8 @@ from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero
 from pytorch_lightning.strategies.parallel import ParallelStrategy
 from pytorch_lightning.trainer.states import TrainerFn
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
+from horovodlite.config import Settings
 
 from .environment import HorovodLiteEnvironment
 
@@ -31,6 +34,35 @@ def _reduce_op(reduce_op) -> Any:
             f"'product' (or the torch.distributed.ReduceOp of the same name)"
         )
     return op
+
+
+def _gpu_index(local_rank: int, local_size: int, device_count: int, transport: str) -> int:
+    """Return the GPU of the rank with `local_rank` among the `local_size` ranks of its host.
+
+    One GPU per rank, as Lightning's DDP: local rank r takes GPU r. With more ranks than GPUs
+    they share them (GPU r % device_count) only where GPU data moves over MPI (`transport` is
+    "mpi"): NCCL, which the automatic transport prefers, refuses two ranks on one GPU.
+
+    Raises:
+        ValueError: torch sees no GPU, or fewer GPUs than ranks and a transport other than MPI.
+    """
+    if device_count < 1:
+        raise ValueError(
+            "accelerator='gpu' but torch sees no GPU (torch.cuda.device_count() is 0): run on a "
+            "machine with GPUs and a CUDA build of torch, or use accelerator='cpu'"
+        )
+    if local_size <= device_count:
+        return local_rank
+    if transport == "mpi":
+        return local_rank % device_count
+    raise ValueError(
+        f"accelerator='gpu' with {local_size} ranks on host {socket.gethostname()!r} but "
+        f"{device_count} GPU{'s' if device_count > 1 else ''} (torch.cuda.device_count()): start "
+        f"at most {device_count} rank{'s' if device_count > 1 else ''} per host, one per GPU "
+        f"(mpiexec -n, horovodlite-run -np), or set HOROVODLITE_TRANSPORT=mpi to let ranks share "
+        f"the GPUs (their data then moves over MPI, through host memory unless the MPI is "
+        f"CUDA-aware; NCCL refuses two ranks on one GPU)"
+    )
 
 
 def _process_set(group) -> Any:
@@ -90,6 +122,7 @@ class HorovodLiteStrategy(ParallelStrategy):
         )
         # Every rank trains: the cluster environment's ranks are the global ones.
         self._process_set = hvd.global_process_set
+        self._gpu = None  # this rank's GPU index, chosen at the first question
 
     @property
     def is_distributed(self) -> bool:
@@ -100,9 +133,16 @@ class HorovodLiteStrategy(ParallelStrategy):
     @property
     def root_device(self) -> torch.device:
         devices = self.parallel_devices or [torch.device("cpu")]
-        if devices[0].type == "cuda":  # one device per process: the local rank's
-            return torch.device("cuda", self.local_rank)
-        return devices[0]
+        if devices[0].type != "cuda":
+            return devices[0]
+        if self._gpu is None:  # asked for every batch: decide once
+            self._gpu = _gpu_index(
+                self.local_rank,
+                hvd.local_size(),
+                torch.cuda.device_count(),
+                Settings.from_environment().transport,
+            )
+        return torch.device("cuda", self._gpu)
 
     @property
     def distributed_sampler_kwargs(self) -> dict:

@@ -146,8 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--out", default="bench-results", help="directory (default bench-results)")
     out.add_argument(
         "--name",
-        default="collectives",
-        help="file name prefix: NAME.csv, NAME.json, NAME_<collective>.png",
+        default=None,
+        help="file name prefix: NAME.csv, NAME.json, NAME_<collective>.png (default collectives, "
+        "with --device cuda collectives_cuda)",
     )
     out.add_argument("--no-plot", action="store_true", help="write no PNG")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -170,13 +171,20 @@ def _schedule(args) -> Schedule:
 
 
 def _validate(parser, args) -> None:
+    if args.name is None:
+        args.name = "collectives" if args.device == "cpu" else "collectives_cuda"
     if args.device == "cpu":
         if args.collectives is None:
             args.collectives = list(COLLECTIVES)
         if "alltoall" in args.collectives:
             parser.error("alltoall is measured with --device cuda only")
-    elif args.simulated_hosts:
-        parser.error("--device cuda runs on this machine's GPUs: no --simulated-hosts")
+    else:
+        from .gpu import COLLECTIVES as ON_GPUS
+
+        if args.collectives is None:
+            args.collectives = list(ON_GPUS)
+        if args.simulated_hosts:
+            parser.error("--device cuda runs on this machine's GPUs: no --simulated-hosts")
     if args.repeats < 1 or args.min_iterations < 1 or args.max_iterations < args.min_iterations:
         parser.error("need repeats >= 1 and 1 <= min-iterations <= max-iterations")
     if args.time_per_size <= 0:
@@ -210,28 +218,19 @@ def _progress_bar(total: int, enabled: bool):
 
 def _setting_label(info: dict, rate_bits) -> str:
     hosts, ranks = info["hosts"], info["ranks"]
+    if "gpu" in info:
+        return f"{ranks} ranks, {hosts} host{'s' if hosts > 1 else ''}, {info['gpu']}"
     if hosts > 1 or rate_bits:
         link = f", {rate_bits / 1e9:g} Gbit/s links" if rate_bits else ""
         return f"{hosts} hosts x {info['ranks_per_host']} rank{link}"
     return f"{ranks} ranks, 1 host (shared memory, {info['cpu_count']} cores)"
 
 
-def run_here(args) -> int:
-    """Measure inside the current MPI job; rank 0 reports."""
-    from mpi4py import MPI
-
-    import horovodlite as hvd
-
+def _measure_on_host(comm, args, schedule) -> tuple:
+    """Measure numpy buffers on every rank of `comm`; return (rows, facts of the contenders)."""
     from .peers import make_contenders
-    from .report import format_expectations, format_tables
-    from .sweep import facts, sweep
+    from .sweep import sweep
 
-    if args.device == "cuda":
-        from .gpu import run_here as run_on_gpus
-
-        return run_on_gpus(args, _schedule(args))
-    hvd.init()
-    comm = MPI.COMM_WORLD.Dup()
     sizes = message_sizes(args.min_size, args.max_size, args.size_factor)
     contenders, skipped = make_contenders(args.contenders, comm)
     root = comm.rank == 0
@@ -249,23 +248,45 @@ def run_here(args) -> int:
     )
     update, close = _progress_bar(total, root and not args.no_progress)
     try:
-        rows = sweep(comm, args.collectives, sizes, contenders, _schedule(args), update)
+        rows = sweep(comm, args.collectives, sizes, contenders, schedule, update)
     finally:
         close()
         for contender in contenders:
             contender.close()
-    extra = {
-        "link_rate_bits": args.link_rate_bits,
-        "skipped": skipped,
-        "schedule": _schedule(args)._asdict(),
-    }
+    return rows, {"skipped": skipped}
+
+
+def run_here(args) -> int:
+    """Measure inside the current MPI job; rank 0 prints the tables and delivers the results."""
+    from mpi4py import MPI
+
+    import horovodlite as hvd
+
+    from .report import format_expectations, format_tables
+    from .sweep import facts
+
+    if args.device == "cuda":
+        from .gpu import cuda_missing, measure
+
+        reasons = [r for r in MPI.COMM_WORLD.allgather(cuda_missing()) if r]
+        if reasons:
+            if MPI.COMM_WORLD.rank == 0:
+                print(f"--device cuda: {reasons[0]}", file=sys.stderr)
+            return 2
+    else:
+        measure = _measure_on_host
+    hvd.init()
+    comm = MPI.COMM_WORLD.Dup()
+    schedule = _schedule(args)
+    rows, extra = measure(comm, args, schedule)
+    extra.update(link_rate_bits=args.link_rate_bits, schedule=schedule._asdict())
     info = facts(comm, extra)
     run = {
         "setting": args.setting or _setting_label(info, args.link_rate_bits),
         "facts": info,
         "rows": rows,
     }
-    if root:
+    if comm.rank == 0:
         print(format_tables(run), flush=True)
         summary = format_expectations(run)
         if summary:
@@ -274,15 +295,20 @@ def run_here(args) -> int:
                 + summary,
                 flush=True,
             )
-        if args.worker_output:
-            from .report import write_json
-
-            write_json([run], args.worker_output)
-        else:
-            _write_outputs([run], args)
+        _deliver(run, args)
     comm.Free()
     hvd.shutdown()
     return 0
+
+
+def _deliver(run: dict, args) -> None:
+    """Write the run where the launcher that started this job reads it, else into --out."""
+    if args.worker_output:
+        from .report import write_json
+
+        write_json([run], args.worker_output)
+    else:
+        _write_outputs([run], args)
 
 
 def _write_outputs(runs: list, args) -> None:
@@ -311,7 +337,7 @@ def _worker_args(args) -> list:
         "--device",
         args.device,
         "--collectives",
-        ",".join(args.collectives or ()),
+        ",".join(args.collectives),
         "--contenders",
         ",".join(args.contenders),
         "--min-size",

@@ -11,23 +11,25 @@ Each timed block is `iterations` calls back to back, then one device synchronisa
 rank's time counts, and the median of the blocks is reported with algorithm bandwidth (bytes /
 time) and bus bandwidth (algbw times nccl-tests' factor: 2(n-1)/n for all-reduce, (n-1)/n for
 all-gather, reduce-scatter and all-to-all, 1 for broadcast). Each size is checked once first.
+The rows are the CPU sweep's (sweep.py) plus the transport that moved the data, so that the
+command line reports and writes them as it does the CPU's.
 """
 
 import dataclasses
 import datetime
 import socket
-import sys
 
 import numpy as np
 from mpi4py import MPI
 
-from .method import BUS_FACTORS, format_size, message_sizes
+from .method import Timing, message_sizes
+from .sweep import result_row
 
-__all__ = ["CONTENDERS", "cuda_missing", "run_here"]
+__all__ = ["COLLECTIVES", "CONTENDERS", "cuda_missing", "measure"]
 
 COLLECTIVES = ("allreduce", "broadcast", "allgather", "reducescatter", "alltoall")
 CONTENDERS = ("horovodlite", "horovodlite-mpi", "torch-nccl")
-_FACTORS = {**BUS_FACTORS, "alltoall": lambda n: (n - 1) / n}
+_WARMUP_CALLS, _PROBE_CALLS = 2, 3  # untimed calls (groups, buffers), then the timing probe
 
 
 def cuda_missing() -> str:
@@ -143,39 +145,34 @@ def _time(comm, torch, call, iterations: int) -> float:
     return comm.allreduce((MPI.Wtime() - start) / iterations, op=MPI.MAX)
 
 
-def _measure(comm, torch, call, schedule) -> float:
-    _time(comm, torch, call, 2)  # warm-up: groups, buffers
-    probe = _time(comm, torch, call, 3)
+def _measure(comm, torch, call, schedule) -> Timing:
+    _time(comm, torch, call, _WARMUP_CALLS)
+    probe = _time(comm, torch, call, _PROBE_CALLS)
     iterations = int(schedule.seconds / max(probe, 1e-9))
     iterations = max(schedule.min_iterations, min(schedule.max_iterations, iterations))
-    samples = sorted(_time(comm, torch, call, iterations) for _ in range(schedule.repeats))
-    return samples[len(samples) // 2]
+    samples = tuple(_time(comm, torch, call, iterations) for _ in range(schedule.repeats))
+    return Timing(iterations, _WARMUP_CALLS + _PROBE_CALLS, samples)
 
 
-def run_here(args, schedule) -> int:
-    """Measure inside the current MPI job on CUDA tensors; rank 0 prints the tables."""
+def measure(comm, args, schedule) -> tuple:
+    """Measure on CUDA tensors on every rank of `comm`; return (rows, facts of the GPUs).
+
+    horovodlite must be initialized; every rank returns the same rows.
+    """
     import torch
 
     import horovodlite.torch as hvd
-
-    comm = MPI.COMM_WORLD
-    reasons = [r for r in comm.allgather(cuda_missing()) if r]
-    if reasons:
-        if comm.rank == 0:
-            print(f"--device cuda: {reasons[0]}", file=sys.stderr)
-        return 2
-    hvd.init()
-    torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     from horovodlite import transport
     from horovodlite.state import current
 
+    torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     state = current()
     settings = {name: state.settings for name in CONTENDERS}
     settings["horovodlite-mpi"] = dataclasses.replace(state.settings, transport="mpi")
     nccl = _torch_nccl_group(comm)
-    n, root = comm.size, comm.rank == 0
+    n = comm.size
     rows = []
-    for collective in args.collectives or COLLECTIVES:
+    for collective in args.collectives:
         for nbytes in message_sizes(max(args.min_size, 4 * n), args.max_size, args.size_factor):
             run = _Run(torch, collective, nbytes // 4, n, comm.rank)
             for name in CONTENDERS:
@@ -188,49 +185,17 @@ def run_here(args, schedule) -> int:
                     call = _horovodlite_call(hvd, collective, run)
                 result = call()
                 correct = bool(torch.equal(result.reshape(-1).float(), run.expected))
-                seconds = _measure(comm, torch, call, schedule)
-                # nccl-tests' size: the larger of input and output.
-                size = max(run.expected.numel(), run.x.numel()) * 4
-                algbw = size / seconds / 1e9
+                correct = comm.allreduce(correct, op=MPI.LAND)
+                timing = _measure(comm, torch, call, schedule)
                 moved = (transport.select(state.settings, _CuPyLike, hvd.Sum, np.dtype(np.float32))
                          .name if name != "torch-nccl" else "nccl")  # fmt: skip
-                rows.append({
-                    "collective": collective, "contender": name, "bytes": size,
-                    "time_us": seconds * 1e6, "algbw_GBps": algbw,
-                    "busbw_GBps": algbw * _FACTORS[collective](n), "correct": correct,
-                    "transport": moved,
-                })  # fmt: skip
+                # nccl-tests' size, the larger of input and output: run.part * n elements.
+                row = result_row(collective, name, run.part * n, n, timing, correct)
+                rows.append({**row, "transport": moved})
             state.settings = settings["horovodlite"]
-    if root:
-        _print(rows, n, torch)
-        _write(rows, args)
-    hvd.shutdown()
-    return 0
+    gpu = {"gpu": torch.cuda.get_device_name(), "gpus_per_host": torch.cuda.device_count()}
+    return rows, gpu
 
 
 class _CuPyLike:
     """Stands for a GPU array module in transport.select() (anything but numpy)."""
-
-
-def _print(rows: list, n: int, torch) -> None:
-    device = torch.cuda.get_device_name()
-    for collective in dict.fromkeys(row["collective"] for row in rows):
-        print(f"\n{collective}, {n} ranks, float32 on {device}: time (µs), algbw and busbw (GB/s)")
-        print(f"{'size':>10} {'contender':>16} {'transport':>10} {'time':>10} {'algbw':>8} "
-              f"{'busbw':>8} correct")  # fmt: skip
-        for row in rows:
-            if row["collective"] == collective:
-                print(f"{format_size(row['bytes']):>10} {row['contender']:>16} "
-                      f"{row['transport']:>10} {row['time_us']:>10.1f} {row['algbw_GBps']:>8.2f} "
-                      f"{row['busbw_GBps']:>8.2f} {row['correct']}")  # fmt: skip
-
-
-def _write(rows: list, args) -> None:
-    import json
-    import os
-
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"{args.name}_cuda.json")
-    with open(path, "w") as f:
-        json.dump(rows, f, indent=1)
-    print(f"wrote {path}", flush=True)

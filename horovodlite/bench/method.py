@@ -33,6 +33,7 @@ BUS_FACTORS = {
     "allgather": lambda n: (n - 1) / n,
     "reducescatter": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
+    "alltoall": lambda n: (n - 1) / n,  # measured with --device cuda only
 }
 
 _UNITS = {

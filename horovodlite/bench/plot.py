@@ -16,6 +16,9 @@ _STYLE = {
     "auto-nocheck": ("tab:pink", "d"),
     "mpi-native": ("black", "x"),
     "gloo": ("tab:orange", "^"),
+    "horovodlite": ("tab:purple", "D"),  # --device cuda
+    "horovodlite-mpi": ("tab:green", "s"),
+    "torch-nccl": ("black", "x"),
 }
 
 

@@ -29,6 +29,7 @@ CSV_COLUMNS = [
     "metadata_check",
     "collective",
     "contender",
+    "transport",
     "bytes",
     "count",
     "iterations",
@@ -50,6 +51,8 @@ RATIOS = [
     ("ring", "mpi-native"),
     ("ring", "gloo"),
     ("naive", "ring"),
+    ("horovodlite", "torch-nccl"),  # --device cuda
+    ("horovodlite-mpi", "torch-nccl"),
 ]
 
 
@@ -151,6 +154,9 @@ def format_tables(run: dict) -> str:
             )
         )
         out.append(_grid(f"{what}; bus bandwidth (GB/s)", ["size", *names], bw_lines))
+        moved = {row["contender"]: row["transport"] for row in rows if row.get("transport")}
+        if moved:
+            out.append("transport: " + ", ".join(f"{n} over {t}" for n, t in moved.items()))
     if any(not row["correct"] for row in run["rows"]):
         out.append("! the result was wrong at this size: the time is not a valid measurement")
     return "\n\n".join(out)

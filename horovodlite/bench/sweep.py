@@ -17,7 +17,7 @@ from .method import (
     warm_up,
 )
 
-__all__ = ["element_count", "facts", "sweep"]
+__all__ = ["element_count", "facts", "result_row", "sweep"]
 
 ITEMSIZE = 4  # float32
 
@@ -34,7 +34,8 @@ def element_count(collective: str, nbytes: int, ranks: int) -> int:
     return count
 
 
-def _row(collective, contender, count, ranks, timing: Timing, correct: bool) -> dict:
+def result_row(collective, contender, count, ranks, timing: Timing, correct: bool) -> dict:
+    """Return one measurement as a row of the results: `count` float32 elements on `ranks`."""
     nbytes = count * ITEMSIZE
     seconds = timing.median
     algbw = nbytes / seconds / 1e9
@@ -88,7 +89,9 @@ def sweep(comm, collectives, sizes, contenders, schedule: Schedule, progress=Non
                 correct = comm.allreduce(correct, op=MPI.LAND)
                 iterations, warmup = plans[contender.name]
                 timing = Timing(iterations, warmup, tuple(samples[contender.name]))
-                rows.append(_row(collective, contender.name, count, comm.size, timing, correct))
+                rows.append(
+                    result_row(collective, contender.name, count, comm.size, timing, correct)
+                )
                 if progress is not None:
                     progress(1, f"{collective} {format_size(count * ITEMSIZE)} {contender.name}")
             cases.clear()

@@ -187,6 +187,24 @@ def test_predict_gives_each_rank_its_shard():
     torch.testing.assert_close(predictions, expected[RANK::SIZE], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("gpus", [1, 2, 4])
+def test_accelerator_gpu_takes_the_local_ranks_gpu_or_says_why_not(gpus, monkeypatch):
+    """GPU local_rank where the host has one per rank; shared over MPI; else a clear error."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+
+    def root_device(transport: str):
+        monkeypatch.setenv("HOROVODLITE_TRANSPORT", transport)
+        return HorovodLiteStrategy(parallel_devices=[torch.device("cuda", 0)]).root_device
+
+    local, per_host = hvd.local_rank(), hvd.local_size()
+    if per_host <= gpus:
+        assert root_device("auto") == torch.device("cuda", local)
+    else:  # every rank of the host raises, before any collective
+        with pytest.raises(ValueError, match=f"with {per_host} ranks on host .* HOROVODLITE_TRA"):
+            root_device("auto")
+    assert root_device("mpi") == torch.device("cuda", local % gpus)
+
+
 def test_collectives_on_the_strategy():
     strategy = trainer().strategy
     gathered = strategy.all_gather(torch.tensor([RANK, 10 * RANK]))
