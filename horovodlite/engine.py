@@ -6,9 +6,10 @@ rank has submitted, in one order that is the same everywhere, then run them, pac
 all-reduces into one fusion buffer.
 
 Negotiation costs one small MPI_Allreduce per cycle in steady state. Requests whose name and
-metadata were agreed before (the cache) are confirmed by one byte each in that all-reduce; only
-when some rank holds a request the cache does not know do the ranks exchange full metadata
-(an allgather of every pending request), which also detects mismatches and stalls.
+metadata were agreed before (the cache, agreement.AgreedCache) are confirmed by one byte each in
+that all-reduce; only when some rank holds a request the cache does not know do the ranks
+exchange full metadata (an allgather of every pending request), which also detects mismatches
+and stalls.
 
 While no rank has asynchronous work the engines sleep, all of them, and no cycle runs
 (wakeup.py). Waits on other ranks go through the state's Watch (waiting.py): no core is burnt,
@@ -23,10 +24,10 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .agreement import FAILED, describe, digest, error_text, mismatch_message
+from .agreement import FAILED, AgreedCache, describe, error_text, mismatch_message
 from .exceptions import HorovodLiteError, MismatchError
 from .fusion import fused_allreduce
-from .handles import Handle, Request
+from .handles import Finished, Handle, Request
 from .stalls import stall_shutdown_message, timeout_message, warn_of_stalls
 from .timeline import Timeline
 from .wakeup import Wakeup, gathering_left, gathering_times, overlap_pays
@@ -35,7 +36,6 @@ __all__ = ["Engine", "Handle"]
 
 _log = logging.getLogger("horovodlite")
 
-_CACHE_LIMIT = 4096  # entries; past it the cache is cleared (on every rank at once)
 _MEETING_CHECK = 1.0  # seconds pending before a request is checked against synchronous waiters
 _RECHECK = 0.25  # seconds between full exchanges that tell who a waited-for request misses
 # Seconds in synchronize() before a request is checked against ranks blocked in a synchronous
@@ -45,11 +45,6 @@ _NEGOTIATION = -1  # the negotiation's identity for the Watch; digests are never
 
 # Positions of the flags that follow the per-request bytes and the per-rank bytes.
 _ALL_CACHED, _NOT_STALLED, _NOT_TIMED_OUT, _IDLE = range(4)
-
-
-class _CacheEntry:
-    def __init__(self, index: int, fingerprint: int, fields: dict, ranks: tuple):
-        self.index, self.fingerprint, self.fields, self.ranks = index, fingerprint, fields, ranks
 
 
 class Engine:
@@ -66,19 +61,18 @@ class Engine:
         self.stall_check = settings.stall_check
         self.stall_shutdown = settings.stall_shutdown
         self.timeout = settings.collective_timeout
-        self.segment_bytes = settings.ring_segment_bytes
         overlap = settings.overlap
         self.overlap = overlap_pays(state.local_comm.size) if overlap is None else overlap
         self._gather = gathering_times(one_host=state.local_comm.size == state.comm.size)
         self.timeline = None
         self._lock = threading.Lock()
         self._cycled = threading.Condition(self._lock)  # notified as a cycle ends, or at a stop
+        self._finished = Finished()  # where threads wait for results
         self._wakeup = Wakeup(self.comm, state.generation)
         self._incoming: list = []
         self._in_flight: set = set()
         self._pending: dict = {}  # key -> Request waiting for agreement
-        self._cache: dict = {}  # key -> _CacheEntry, the same on every rank
-        self._cache_keys: list = []  # index -> key
+        self._cache = AgreedCache(self.comm.rank)  # the same on every rank
         # (process set id, kind) -> unnamed requests so far: counted per process set, as only
         # its members submit them, so that a set's requests leave the others' names in step.
         self._auto_names: dict = {}
@@ -105,28 +99,39 @@ class Engine:
             HorovodLiteError: the engine has stopped.
         """
         requests = []
-        with self._lock:
+        with self._lock:  # (taking the time here keeps the requests in submission order)
+            submitted = time.monotonic()
             if self._stopped is not None:  # name the collective, as pending ones do
                 raise type(self._stopped)(f"{describe(plans[0].fields)}: {self._stopped}")
-            for plan in plans:
-                if plan.name is None:
-                    counter = (plan.process_set_id, plan.kind)
-                    count = self._auto_names.get(counter, 0)
-                    self._auto_names[counter] = count + 1
-                    plan.fields["name"] = f"{plan.kind}.noname.{count}"
-                key = (plan.process_set_id, plan.name)
-                if key in self._in_flight or any(r.key == key for r in requests):
-                    raise ValueError(
-                        f"{describe(plan.fields)} is already in flight on this rank: its name is "
-                        "free again once it has finished here (synchronize() it, or call "
-                        "barrier() once every rank has submitted it), or give each its own name"
-                    )
-                fingerprint = FAILED if plan.error is not None else digest(plan.fields)
-                requests.append(Request(plan, key, fingerprint))
-            self._in_flight.update(r.key for r in requests)
-            self._incoming.extend(requests)
+            try:
+                for plan in plans:
+                    requests.append(self._request(plan, submitted))
+            except ValueError:
+                self._in_flight.difference_update(request.key for request in requests)
+                raise
+            self._incoming += requests
         self._wakeup.set()
-        return Handle(requests, grouped, self._wakeup)
+        return Handle(requests, grouped, self._wakeup, self._finished)
+
+    def _request(self, plan, submitted: float) -> Request:
+        """Name `plan` if unnamed and take its name on this rank; return its Request."""
+        name = plan.name
+        if name is None:
+            counter = (plan.process_set_id, plan.kind)
+            count = self._auto_names.get(counter, 0)
+            self._auto_names[counter] = count + 1
+            name = f"{plan.kind}.noname.{count}"
+            # A copy: the plan's fields may be a template that other plans share.
+            plan.fields = {**plan.fields, "name": name}
+        key = (plan.process_set_id, name)
+        if key in self._in_flight:  # (also a name given twice in one group)
+            raise ValueError(
+                f"{describe(plan.fields)} is already in flight on this rank: its name is free "
+                "again once it has finished here (synchronize() it, or call barrier() once every "
+                "rank has submitted it), or give each its own name"
+            )
+        self._in_flight.add(key)
+        return Request(plan, key, submitted)
 
     def begin_join(self) -> None:
         """Join, contributing zeros to all-reduces; return once every engine agreed on it.
@@ -251,28 +256,20 @@ class Engine:
         for request in incoming:
             self._pending[request.key] = request
         size, me, now = self.comm.size, self.comm.rank, time.monotonic()
-        self._fail_sync_meetings(now)
+        recheck = False
+        if now - self._oldest(now) > _MEETING_CHECK:  # (every request is younger, most cycles)
+            self._fail_sync_meetings(now)
+            waited = min((r.waited for r in self._pending.values() if r.waited), default=now)
+            if now - waited > _MEETING_CHECK and now - self._last_recheck > _RECHECK:
+                recheck, self._last_recheck = True, now  # who misses it? (_fail_crossed_waits)
+        oldest = self._oldest(now)
 
-        count = len(self._cache_keys)
-        mine = np.zeros(count, dtype=np.uint8)  # 2: I have it, 1: not mine to send, 0: waiting
-        all_cached = True
-        for i, key in enumerate(self._cache_keys):
-            request, entry = self._pending.get(key), self._cache[key]
-            if request is not None:
-                if request.fingerprint == entry.fingerprint:
-                    mine[i] = 2
-                else:
-                    all_cached = False
-            elif joined or me not in entry.ranks:
-                mine[i] = 1
-        all_cached = all_cached and all(key in self._cache for key in self._pending)
-        oldest = min((r.submitted for r in self._pending.values()), default=now)
+        count = len(self._cache)
+        mine, all_cached = self._cache.offer(self._pending, joined)
         check_after = min(self.stall_check, self.timeout / 2)
         if now - oldest > check_after and now - self._last_stall_report > check_after:
             all_cached = False  # a full exchange tells who is missing
-        waited = [r.waited for r in self._pending.values() if r.waited is not None]
-        if waited and now - min(waited) > _MEETING_CHECK and now - self._last_recheck > _RECHECK:
-            all_cached, self._last_recheck = False, now  # who misses it? (_fail_crossed_waits)
+        all_cached = all_cached and not recheck
         timed_out = now - oldest > self.timeout
         stalled = self.stall_shutdown > 0 and now - oldest > self.stall_shutdown
         # Per rank: 0 where it has joined, 2 where it is shutting down, else 1.
@@ -310,7 +307,7 @@ class Engine:
             )
             return False
         if flags[_ALL_CACHED]:
-            ready = [self._cache_keys[i] for i in range(count) if lowest[i] and highest[i] == 2]
+            ready = self._cache.ready(lowest, highest)
             errors = {}
         else:
             ready, errors = self._exchange(joined_ranks, now)
@@ -318,6 +315,12 @@ class Engine:
         self._run_ready(ready, errors, joined_ranks)
         self._update_join(joined_ranks)
         return not flags[_IDLE]
+
+    def _oldest(self, now: float) -> float:
+        """Return when the oldest pending request was submitted (`now` if none)."""
+        for request in self._pending.values():  # in submission order (submit)
+            return request.submitted
+        return now
 
     def _fail_sync_meetings(self, now: float) -> None:
         """Fail requests that other ranks wait for in a synchronous call: they never meet."""
@@ -327,7 +330,7 @@ class Engine:
                 error = self.state.watch.held_async(request.fingerprint, what)
                 if error is not None:
                     del self._pending[key]
-                    self._finish(request, error=error)
+                    self._finish([request], error=error)
 
     def _fail_crossed_waits(self, now: float) -> None:
         """Fail a request waited for here that ranks blocked in a synchronous collective miss."""
@@ -337,7 +340,7 @@ class Engine:
                 error = self.state.watch.crossed(describe(request.plan.fields), missing)
                 if error is not None:
                     del self._pending[key]
-                    self._finish(request, error=error)
+                    self._finish([request], error=error)
 
     def _ranks_of(self, process_set_id: int):
         entry = self.state.process_sets.lookup(process_set_id)
@@ -353,9 +356,7 @@ class Engine:
         for rank, items in enumerate(self.comm.allgather(mine)):
             for key, fingerprint, fields, error in items:
                 submitted.setdefault(key, {})[rank] = (fingerprint, fields, error)
-        if len(self._cache_keys) > _CACHE_LIMIT:
-            self._cache.clear()
-            self._cache_keys.clear()
+        self._cache.clear_if_full()
         ready, errors, stalled = [], {}, []
         for key in submitted:  # in submission order, rank 0's first: see fusion.adjacent_span
             by_rank = submitted[key]
@@ -378,15 +379,11 @@ class Engine:
                 )
                 continue
             fingerprint, fields, _ = next(iter(by_rank.values()))
-            entry = self._cache.get(key)
-            if entry is None:
-                self._cache[key] = _CacheEntry(len(self._cache_keys), fingerprint, fields, ranks)
-                self._cache_keys.append(key)
-            else:
-                entry.fingerprint, entry.fields = fingerprint, fields
+            own = self._pending.get(key)  # its fields object: see Request.matches
+            self._cache.agreed(key, fingerprint, fields if own is None else own.plan.fields, ranks)
             ready.append(key)
         self._report_stalls(stalled, now)
-        ready.sort(key=lambda k: self._cache[k].index)
+        ready.sort(key=lambda k: self._cache.entries[k].index)
         return ready, errors
 
     def _report_stalls(self, stalled: list, now: float) -> None:
@@ -402,37 +399,35 @@ class Engine:
         for key, message in errors.items():
             request = self._pending.pop(key, None)
             if request is not None:
-                self._finish(request, error=request.plan.error or MismatchError(message))
-        me, now = self.comm.rank, time.monotonic()
+                self._finish([request], error=request.plan.error or MismatchError(message))
+        now, threshold, entries = time.monotonic(), self.fusion_threshold, self._cache.entries
         batches, open_buckets = [], {}
         for key in ready:
             self._missing.pop(key, None)
-            entry = self._cache[key]
-            if me not in entry.ranks:
+            entry = entries[key]
+            if not entry.member:
                 continue
             request = self._pending.pop(key, None)
             fields = entry.fields
             if fields["collective"] != "allreduce" and joined_ranks & set(entry.ranks):
                 if request is not None:
-                    self._finish(
-                        request,
-                        error=HorovodLiteError(
-                            f"{describe(fields)} cannot run while ranks "
-                            f"{sorted(joined_ranks)} have joined: only allreduce takes part "
-                            "in join()"
-                        ),
+                    error = HorovodLiteError(
+                        f"{describe(fields)} cannot run while ranks {sorted(joined_ranks)} have "
+                        "joined: only allreduce takes part in join()"
                     )
+                    self._finish([request], error=error)
                 continue
             if request is None:  # this rank has joined: it contributes zeros
                 request = Request.zeros(fields, key, entry.fingerprint)
             request.agreed = now
-            if request.plan.fusion is None or self.fusion_threshold <= 0:
+            fusion = request.plan.fusion
+            if fusion is None or threshold <= 0:
                 batches.append([request])
                 continue
-            bucket_key = (key[0], request.plan.fusion.key)
-            nbytes = request.plan.fusion.array.nbytes
+            bucket_key = (key[0], fusion.key)
+            nbytes = fusion.array.nbytes
             bucket = open_buckets.get(bucket_key)
-            if bucket is None or bucket[0] + nbytes > self.fusion_threshold:
+            if bucket is None or bucket[0] + nbytes > threshold:
                 bucket = open_buckets[bucket_key] = [0, []]
                 batches.append(bucket[1])
             bucket[0] += nbytes
@@ -443,18 +438,18 @@ class Engine:
     def _run_batch(self, batch: list) -> None:
         comm = self.state.process_sets.lookup(batch[0].key[0]).engine_comm
         timeline = self.timeline
-        names = [str(request.key[1]) for request in batch]
-        start = time.monotonic()
         if timeline is not None:
-            for request in batch:
-                timeline.span(str(request.key[1]), "NEGOTIATE", request.submitted, request.agreed)
-                timeline.span(str(request.key[1]), "QUEUE", request.agreed, start)
+            names = [str(request.key[1]) for request in batch]
+            start = time.monotonic()
+            for name, request in zip(names, batch):
+                timeline.span(name, "NEGOTIATE", request.submitted, request.agreed)
+                timeline.span(name, "QUEUE", request.agreed, start)
         try:
             plan = batch[0].plan
             if plan.fusion is not None:
                 phase = None if timeline is None else (lambda p: timeline.phase(names, p))
                 entries = [r.plan.fusion for r in batch]
-                results = fused_allreduce(comm, entries, self.segment_bytes, phase)
+                results = fused_allreduce(comm, entries, phase)
             else:
                 payloads = None
                 if plan.payload is not None:
@@ -466,16 +461,15 @@ class Engine:
                         results = [plan.execute(comm, payloads)]
         except Exception as exc:
             error = HorovodLiteError(f"{describe(batch[0].plan.fields)} failed: {exc!r}")
-            for request in batch:
-                self._finish(request, error=error)
+            self._finish(batch, error=error)
             return
-        for request, result in zip(batch, results):
-            self._finish(request, result)
+        self._finish(batch, results)
 
-    def _finish(self, request: Request, result=None, error=None) -> None:
+    def _finish(self, requests: list, results=None, error=None) -> None:
+        """Free the names of `requests`, then hand them their results (or `error`)."""
         with self._lock:
-            self._in_flight.discard(request.key)
-        request.finish(result, error)
+            self._in_flight.difference_update(request.key for request in requests)
+        self._finished.finish(requests, results, error)
 
     def _update_join(self, joined_ranks: set) -> None:
         if len(joined_ranks) < self.comm.size:
@@ -494,4 +488,4 @@ class Engine:
             self._pending, self._incoming = {}, []
             self._cycled.notify_all()
         for request in requests:  # each error names its own collective
-            self._finish(request, error=type(error)(f"{describe(request.plan.fields)}: {error}"))
+            self._finish([request], error=type(error)(f"{describe(request.plan.fields)}: {error}"))

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 from .agreement import agree, describe, digest
 from .state import current
 
-__all__ = ["Plan", "run_now", "synchronous", "signature_of", "waiter"]
+__all__ = ["Plan", "run_now", "synchronous", "signature_of", "templates", "waiter"]
 
 
 @dataclass
@@ -51,6 +51,25 @@ class Plan:
     @property
     def kind(self) -> str:
         return self.fields["collective"]
+
+
+_TEMPLATE_LIMIT = 4096  # distinct calls; past it the memo starts afresh
+_templates: tuple = (None, {})  # (the Settings they were made under, {key: template})
+
+
+def templates(settings) -> dict:
+    """Return the memo in which plan functions keep what they derived from repeated arguments.
+
+    A plan function keys it by every argument it derives from (plain values only) and stores
+    only what passed its checks, so a hit skips the checks and the fields. The memo belongs to
+    one Settings object: a new init(), or a test that replaces the settings, starts a new one.
+    """
+    global _templates
+    owner, memo = _templates
+    if owner is not settings or len(memo) > _TEMPLATE_LIMIT:
+        memo = {}
+        _templates = (settings, memo)
+    return memo
 
 
 def run_now(plan: Plan):

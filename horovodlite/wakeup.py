@@ -14,9 +14,11 @@ an idle job costs a fraction of a percent of a core per rank.
 An awake engine cycles once per cycle time, so that requests submitted meanwhile (a backward
 pass's gradients) are negotiated and fused together rather than one cycle each. A submission
 does not shorten that pause; somebody waiting for a result (synchronize(), join(), shutdown())
-does (`flush`): nothing else is coming from that thread. Where a rank has no spare core, its
-engine does not cycle while its own requests keep coming and nobody waits (`gathering_left`),
-for longer on one host than across hosts.
+does (`flush`): nothing else is coming from that thread. A flush ends the pause before two
+cycles, not one: another rank's engine may have begun the first before that rank's requests
+came (a rank with nothing of its own cycles at once), and that rank flushes just after it.
+Where a rank has no spare core, its engine does not cycle while its own requests keep coming
+and nobody waits (`gathering_left`), for longer on one host than across hosts.
 """
 
 import contextlib
@@ -95,6 +97,7 @@ class Wakeup:
         self._generation = generation  # notes of an earlier init() may reach us: see waiting.py
         self._work = threading.Event()  # this rank has something for the engine
         self._flush = threading.Event()  # and somebody asked for a result
+        self._eager = 0  # cycles still to begin without a pause, after a flush
         self._lock = threading.Lock()
         self._waiters = 0  # threads blocked in synchronize() now
         self._inbox = Inbox(comm, _TAG, 2)  # notes: the sleep it ends, the init's number
@@ -110,9 +113,12 @@ class Wakeup:
         them (a thread waiting in synchronize() flushes until its result came)."""
         self._work.clear()
         self._flush.clear()
+        self._eager = 0
 
     def flush(self) -> None:
-        """Wake this rank's engine and end its pause: somebody waits for a result."""
+        """Wake this rank's engine and end its pauses before the next two cycles: somebody
+        waits for a result."""
+        self._eager = 2
         self._flush.set()
         self._work.set()
 
@@ -132,11 +138,15 @@ class Wakeup:
         """Wait between two busy cycles: `seconds`, or less if somebody waits for a result.
 
         Returns whether somebody waits: a thread is blocked in waiting(), or flush() was called
-        since the last pause.
+        since the last pause, or before the one before it.
         """
-        flushed = self._flush.wait(seconds) if seconds > 0 else self._flush.is_set()
+        if seconds > 0 and not self._eager:
+            self._flush.wait(seconds)
         self._flush.clear()
-        return flushed or self._waiters > 0
+        if self._eager:
+            self._eager -= 1
+            return True
+        return self._waiters > 0
 
     def sleep(self) -> None:
         """Sleep until this rank has work (then wake the others) or another rank wakes us."""
