@@ -25,8 +25,8 @@ from .checks import (
     set_id,
 )
 from .fusion import FusionEntry, allreduce_fields, fused_allreduce, fused_by_kind
-from .ops import ReduceOp, resolve_op
-from .plan import Plan, run_now, signature_of, synchronous, waiter
+from .ops import ReduceOp, combined_as, resolve_op, result_factor
+from .plan import Plan, run_now, signature_of, synchronous, templates, waiter
 from .process_sets import communicator, global_process_set
 from .staging import deliver, flat_work, scale
 from .state import current
@@ -87,31 +87,56 @@ def allreduce_plan(
     """
     comm, ranks, array, xp, bad_input = prepare(tensor, process_set)
     settings = current().settings
+    # A training loop repeats each all-reduce: what follows from plain arguments, the array's
+    # dtype and shape and the set's size alone is checked and built once (plan.templates).
+    memo = key = template = None
+    if (
+        bad_input is None
+        and average is None  # (which warns on every call)
+        and type(prescale_factor) is float
+        and type(postscale_factor) is float
+        and (op is None or type(op) is ReduceOp)
+        and (name is None or type(name) is str)
+        and (algorithm is None or type(algorithm) is str)
+    ):
+        memo = templates(settings)
+        key = (name, op, prescale_factor, postscale_factor, algorithm, inplace, comm.size,
+               array.dtype, array.shape, xp)  # fmt: skip
+        template = memo.get(key)
+    if template is not None:
+        resolved, requested, fields, travels = template
+        error = checked(lambda: check_writable(array, "allreduce_"))[1] if inplace else None
+    else:
 
-    def parse():
-        resolved = resolve_op(op, average)
-        check_reduction(array, resolved, prescale_factor, postscale_factor, comm.size)
-        if inplace:
-            check_writable(array, "allreduce_")
-        return resolved, algorithms.requested_algorithm(algorithm, settings.allreduce_algorithm)
+        def parse():
+            resolved = resolve_op(op, average)
+            check_reduction(array, resolved, prescale_factor, postscale_factor, comm.size)
+            if inplace:
+                check_writable(array, "allreduce_")
+            requested = algorithms.requested_algorithm(algorithm, settings.allreduce_algorithm)
+            return resolved, requested
 
-    parsed, error = checked(parse, bad_input)
-    resolved, requested = parsed or (None, None)
-    fields = allreduce_fields(
-        name, array, resolved, prescale_factor, postscale_factor, requested, xp is np
-    )
+        parsed, error = checked(parse, bad_input)
+        resolved, requested = parsed or (None, None)
+        fields = allreduce_fields(
+            name, array, resolved, prescale_factor, postscale_factor, requested, xp is np
+        )
+        scaled = prescale_factor != 1.0 or postscale_factor != 1.0
+        travels = (
+            error is None
+            and xp is np
+            and settings.check_metadata
+            and small_allreduce.travels_inline(array, resolved, scaled, requested, comm.size)
+            and select(settings, np, resolved, array.dtype).name == "mpi"  # data on MPI only
+        )
+        if error is None and memo is not None:
+            memo[key] = (resolved, requested, fields, travels)
     entry = inline = None
     if error is None:
         entry = FusionEntry(
             array, xp, inplace, resolved, float(prescale_factor), float(postscale_factor), requested
         )
-        scaled = prescale_factor != 1.0 or postscale_factor != 1.0
-        if (
-            xp is np
-            and settings.check_metadata
-            and small_allreduce.travels_inline(array, resolved, scaled, requested, comm.size)
-            and select(settings, np, resolved, array.dtype).name == "mpi"  # data on MPI only
-        ):
+        if travels:
 
             def inline(comm):
                 own = digest(fields)
@@ -120,14 +145,13 @@ def allreduce_plan(
                     comm, own, array, resolved, inplace, lambda: fields, ranks, wait
                 )
 
-    segment_bytes = settings.ring_segment_bytes
     return Plan(
         fields,
         set_id(process_set),
         comm,
         ranks,
         error,
-        execute=lambda comm, _: fused_allreduce(comm, [entry], segment_bytes)[0],
+        execute=lambda comm, _: fused_allreduce(comm, [entry])[0],
         fusion=entry,
         inline=inline,
     )
@@ -169,10 +193,8 @@ def grouped_allreduce(tensors, *, name=None, **options) -> list:
         "name": name,
         "members": tuple(tuple(sorted(p.fields.items())) for p in plans),
     }
-    segment_bytes = current().settings.ring_segment_bytes
-
     def execute(comm, _):
-        return fused_by_kind(comm, [plan.fusion for plan in plans], segment_bytes)
+        return fused_by_kind(comm, [plan.fusion for plan in plans])
 
     first = plans[0]
     return run_now(
@@ -236,9 +258,9 @@ def reducescatter_plan(
         rows = chunk_bounds(array.shape[0], comm.size)
         bounds = tuple((lo * row, hi * row) for lo, hi in rows)
         scale(module, buf, prescale_factor)
-        mine = transport.reducescatter(comm, buf, bounds, resolved, module, requested).copy()
-        divisor = comm.size if resolved == ReduceOp.AVERAGE else 1
-        scale(module, mine, postscale_factor / divisor)
+        combined = combined_as(resolved)
+        mine = transport.reducescatter(comm, buf, bounds, combined, module, requested).copy()
+        scale(module, mine, result_factor(resolved, postscale_factor, comm.size))
         lo, hi = rows[comm.rank]
         return deliver(mine, array, xp, False, (hi - lo, *array.shape[1:]))
 

@@ -1,22 +1,31 @@
-"""All-reduce as the synchronous path and the engine share it: one or many arrays, one buffer.
+"""All-reduce, one array or a fused batch: decide once where every byte lies, then move it.
 
-`fused_allreduce` packs compatible all-reduces (equal `FusionEntry.key`) into one fusion
-buffer, runs one algorithm on it, and hands each caller its part. A single all-reduce is the
-case of one entry, so the synchronous call and the engine's fused batches run the same code.
+The synchronous path (one entry) and the engine (a fused batch of entries with equal
+`FusionEntry.key`) share `fused_allreduce`. It makes one decision per batch, a `Layout`:
 
-Where the ring moves a fused batch of host arrays, the large in-place ones are reduced where
-they lie, with no copy in or out; only runs of small arrays go through the fusion buffer
-(`_ring_where_they_lie`, algorithms/pieces.py). Other algorithms take one contiguous buffer: a
-batch of in-place host arrays that already lie back to back in memory, in the batch's order (the
-order rank 0 submitted them in, engine._exchange), is that buffer. Either way every rank cuts
-and orders the batch alike, by the agreed sizes only, so ranks whose arrays lie differently
-still reduce the same elements together.
+- which arrays are reduced where they lie (in place, C-contiguous, writeable, back to back in
+  the batch's order; a large one alone always qualifies where the ring takes `Pieces`),
+- which are copied into the fusion buffer, once, with the prescale applied on the way in,
+- how each result comes back: the array itself, a view of a new buffer (out-of-place results
+  need memory of their own, and a new buffer gives it without a copy out), or a copy back into
+  an in-place array that did not lie where it could be reduced,
+- for a single out-of-place array, the transport writes the result straight from the input into
+  a new buffer (NCCL's and MPI's separate send and receive buffers), with no copy in,
+- where the result factor (postscale, over the set's size for Average: ops.result_factor) is
+  applied: by the transport as each part of the reduction completes, or on the copy back where
+  every result is copied back anyway.
+
+Then the transport moves the layout's pieces. Every rank cuts and orders the batch alike, by
+the agreed sizes only, so ranks whose arrays lie differently still reduce the same elements
+together. GPU arrays on a transport that carries no GPU buffers are staged through host
+memory: a reused buffer, pinned where CuPy can pin it (staging.py).
 """
 
 import ctypes
-import functools
+import dataclasses
 import itertools
 from contextlib import nullcontext
+from typing import Optional
 
 import numpy as np
 
@@ -25,12 +34,20 @@ from .agreement import array_fields
 from .algorithms.pieces import Pieces
 from .algorithms.scratch import scratch
 from .buffers import DTYPES_BY_NAME, device_module, synchronize_device
-from .ops import ReduceOp
-from .staging import deliver, flat_work, scale, scaled_copy, staged
+from .ops import ReduceOp, combined_as, result_factor
+from .staging import copy_in, deliver, host_scratch, scale, staged
 from .state import current
 from .transport import select
 
-__all__ = ["FusionEntry", "allreduce_fields", "fused_allreduce", "fused_by_kind", "zeros_entry"]
+__all__ = [
+    "FusionEntry",
+    "Layout",
+    "allreduce_fields",
+    "fused_allreduce",
+    "fused_by_kind",
+    "lay_out",
+    "zeros_entry",
+]
 
 
 class FusionEntry:
@@ -72,141 +89,163 @@ def allreduce_fields(name, array, op, prescale, postscale, requested, on_host: b
     )
 
 
-def fused_allreduce(comm, entries: list, segment_bytes: int, timeline=None) -> list:
-    """All-reduce `entries` (equal keys) as one buffer; return their results in order.
+# In a fused batch that the ring moves, host arrays of at least this size are each a piece of
+# their own: reduced where they lie if in place, never copied. Runs of smaller ones share a
+# piece, in the fusion buffer unless they lie back to back, so that their messages stay large
+# enough to fill the link (docs/engine.md has what this saves on ResNet-50's gradients).
+ALONE_BYTES = 256 << 10
 
-    `segment_bytes` is Settings.ring_segment_bytes. `timeline`, if given, is called as
-    `timeline(phase)` and returns a context manager that records the phase (the engine passes
-    its Chrome-trace recorder).
+
+@dataclasses.dataclass
+class Layout:
+    """Where a batch's bytes lie while a transport reduces them (see the module text).
+
+    Attributes:
+        pieces: the flat arrays the transport reduces, in the batch's order: an array's (or a
+            run of adjacent arrays') own memory, or a part of `buffer`.
+        lying: per piece, whether it is arrays' own memory (prescaled where it lies).
+        buffer: the fusion buffer that holds the pieces that do not lie where they are (empty
+            if none).
+        copied: the entries copied into `buffer`, one after another from its start.
+        results: per entry, where its result is: None for the array itself (reduced where it
+            lies), else its part of `buffer`.
+        copy_back: per entry, whether its result is copied back into the entry's array.
+        source: for one out-of-place array reduced straight into `buffer`, the input; else None.
+        factor_on_copy_back: the result factor is applied as results are copied back (every
+            result is), not by the transport.
+    """
+
+    pieces: list
+    lying: list
+    buffer: object
+    copied: list
+    results: list
+    copy_back: list
+    source: object = None
+    factor_on_copy_back: bool = False
+
+
+def lay_out(entries: list, xp, module, takes_pieces: bool, takes_source: bool = True) -> Layout:
+    """Return the layout of `entries` (equal keys) for a transport on arrays of `module`.
+
+    `module` is `xp`, or numpy where GPU arrays are staged through host memory; `takes_pieces`
+    says whether the algorithm reduces a `Pieces` (the ring on the host), else one buffer;
+    `takes_source` whether it can read its input apart from the result (not Adasum's).
+    """
+    first = entries[0]
+    dtype, on_device = first.array.dtype, module is xp
+    groups = _piece_groups(entries) if takes_pieces else [entries]
+    own = [adjacent_span(group) if on_device else None for group in groups]
+    buffered = [e for group, mine in zip(groups, own) if mine is None for e in group]
+    direct = (
+        len(entries) == 1
+        and takes_source
+        and not takes_pieces
+        and on_device
+        and buffered
+        and first.prescale == 1.0
+        and first.array.flags.c_contiguous
+    )
+    total = sum(entry.array.size for entry in buffered)
+    if not on_device:
+        buffer = host_scratch(xp, dtype, total)  # staged results are copied back to the GPU
+    elif any(not entry.inplace for entry in buffered):
+        buffer = module.empty(total, dtype=dtype)  # out-of-place results are views of it
+    else:
+        buffer = scratch(module, dtype, total, "fusion")
+    pieces, copied, results, offset = [], [], [], 0
+    for group, mine in zip(groups, own):
+        if mine is not None:
+            pieces.append(mine)
+            results += [None] * len(group)
+            continue
+        size = sum(entry.array.size for entry in group)
+        pieces.append(buffer[offset : offset + size])
+        for entry in group:
+            part = buffer[offset : offset + entry.array.size]
+            offset += entry.array.size
+            if not direct:
+                copied.append(entry)
+            results.append(part)
+    copy_back = [
+        part is not None and (entry.inplace or not on_device)
+        for entry, part in zip(entries, results)
+    ]
+    return Layout(
+        pieces,
+        [mine is not None for mine in own],
+        buffer,
+        copied,
+        results,
+        copy_back,
+        source=first.array.reshape(-1) if direct else None,
+        factor_on_copy_back=not takes_pieces and all(copy_back),
+    )
+
+
+def fused_allreduce(comm, entries: list, timeline=None) -> list:
+    """All-reduce `entries` (equal keys) as one batch; return their results in order.
+
+    `timeline`, if given, is called as `timeline(phase)` and returns a context manager that
+    records the phase (the engine passes its Chrome-trace recorder).
     """
     span = timeline or (lambda phase: nullcontext())
     first = entries[0]
-    dtype, xp = first.array.dtype, first.xp
-    # What moves the buffer (transport.py): MPI by default; an Adasum stays on MPI.
-    transport = select(current().settings, xp, first.op, dtype)
+    dtype, xp, op = first.array.dtype, first.xp, first.op
+    # What moves the batch (transport.py): MPI by default; an Adasum stays on MPI.
+    transport = select(current().settings, xp, op, dtype)
     module = np if staged(xp, transport) else xp
     nbytes = sum(entry.array.nbytes for entry in entries)
     # MPI names its algorithm (ring, mpi, ...), the other transports themselves (gloo, nccl):
     # the timeline's ALLREDUCE_<name> says what moved the buffer.
     chosen = (
         "adasum"
-        if first.op == ReduceOp.ADASUM
+        if op == ReduceOp.ADASUM
         else transport.allreduce_algorithm(first.requested, nbytes, dtype, module, comm)
     )
-    divisor = comm.size if first.op == ReduceOp.AVERAGE else 1
-    factor = first.postscale / divisor
-    # Every rank takes this branch or none: its terms are agreed (sizes, dtype, device, op).
-    if chosen == "ring" and len(entries) > 1 and comm.size > 1 and xp is np:
-        return _ring_where_they_lie(comm, entries, transport, factor, span)
-    adjacent = adjacent_span(entries) if len(entries) > 1 else None
-    fresh = False
-    if len(entries) == 1:
-        buf, module = flat_work(first.array, xp, not first.inplace, transport)
-    elif adjacent is not None:
-        buf, module = adjacent, xp
-    else:
-        total = sum(entry.array.size for entry in entries)
-        fresh = not any(entry.inplace for entry in entries)  # (see _ring_where_they_lie)
-        buf = module.empty(total, dtype=dtype) if fresh else scratch(module, dtype, total, "fusion")
+    takes_pieces = chosen == "ring" and module is np and comm.size > 1
+    layout = lay_out(entries, xp, module, takes_pieces, takes_source=op != ReduceOp.ADASUM)
+    factor = result_factor(op, first.postscale, comm.size)
+    if layout.copied:
         with span("MEMCPY_IN_FUSION_BUFFER"):
-            parts = [flat_work(entry.array, xp, False, transport)[0] for entry in entries]
-            module.concatenate(parts, out=buf)  # one call, not one slice assignment each
-        synchronize_device(module)
-    # Results copied out of the buffer take the factor on the way (one pass over the data, not
-    # two): all but a single entry's, adjacent ones' and a fresh buffer's (results are the
-    # buffer), which the collective scales as it finishes.
-    scaled_out = len(entries) > 1 and adjacent is None and not fresh
-    scaling = not scaled_out and factor != 1.0
-    finish = functools.partial(scale, module, factor=factor) if scaling else None
-    if first.op == ReduceOp.ADASUM:
-        # Adasum's dot products are per tensor, as Horovod's: the buffer travels fused, and
-        # each entry's part is combined by its own angle.
-        bounds = _bounds(entries)
-
-        def run():
-            algorithms.adasum_allreduce(comm, buf, first.op, module, segment_bytes, parts=bounds)
+            copy_in(layout.buffer, [entry.array for entry in layout.copied], xp, first.prescale)
+    for piece, lying in zip(layout.pieces, layout.lying):
+        if lying:
+            scale(module, piece, first.prescale)  # (copies in took it on the way)
+    if transport.host_reads:
+        synchronize_device(module)  # the GPU must be done with the data before MPI reads it
+    finish = None
+    if factor != 1.0 and not layout.factor_on_copy_back:
+        finish = lambda part: scale(module, part, factor)  # noqa: E731
+    buf = Pieces(layout.pieces) if takes_pieces else layout.pieces[0]
+    with span(f"ALLREDUCE_{chosen.upper()}"):
+        if op == ReduceOp.ADASUM:
+            # Adasum's dot products are per tensor, as Horovod's: the buffer travels fused,
+            # and each entry's part is combined by its own angle.
+            algorithms.adasum_allreduce(comm, buf, xp=module, parts=_bounds(entries))
             if finish is not None:
                 finish(buf)
-    else:
-        run = functools.partial(transport.allreduce, comm, buf, first.op, module, chosen, finish)
-    with span(f"ALLREDUCE_{chosen.upper()}"):
-        scale(module, buf, first.prescale)
-        run()
-    if len(entries) == 1:
-        return [deliver(buf, first.array, xp, first.inplace)]
-    if adjacent is not None:
-        return [entry.array for entry in entries]  # reduced where they lie
-    results, offset = [], 0
+        else:
+            transport.allreduce(comm, buf, combined_as(op), module, chosen, finish, layout.source)
+    return _results(entries, layout, module, factor if layout.factor_on_copy_back else 1.0, span)
+
+
+def _results(entries: list, layout: Layout, module, factor: float, span) -> list:
+    """Hand each entry its result as the layout says: itself, a view, or a copy back."""
+    if not any(layout.copy_back):
+        return [
+            entry.array if part is None else part.reshape(entry.array.shape)
+            for entry, part in zip(entries, layout.results)
+        ]
+    results = []
     with span("MEMCPY_OUT_FUSION_BUFFER"):
-        for entry in entries:
-            part = buf[offset : offset + entry.array.size]
-            offset += entry.array.size
-            if scaled_out:
-                # The scratch buffer is reused, so out-of-place results beside in-place ones
-                # need memory of their own.
-                target = entry.array if entry.inplace and module is xp else None
-                part = scaled_copy(module, part, factor, target)
-            results.append(deliver(part, entry.array, xp, entry.inplace))
-    return results
-
-
-# In a fused batch that the ring moves, host arrays of at least this size are each a piece of
-# their own: reduced where they lie if in place, never copied. Runs of smaller ones share a
-# piece, in the fusion buffer unless they lie back to back, so that their messages stay large
-# enough to fill the link. For ResNet-50's 161 gradients, 42 arrays of 98.8% of the bytes lie
-# at or above it.
-ALONE_BYTES = 256 << 10
-
-
-def _ring_where_they_lie(comm, entries: list, transport, factor: float, span) -> list:
-    """All-reduce host `entries` with the ring as one `Pieces` buffer (algorithms/pieces.py):
-    each piece where it lies if its in-place arrays lie back to back (a large array alone
-    always does), else through the fusion buffer.
-
-    Every rank cuts the buffer into the same pieces, decided by the agreed sizes alone, so the
-    ranks' segments match whatever lies where on each rank.
-    """
-    first = entries[0]
-    groups = _piece_groups(entries)
-    lying = [adjacent_span(group) for group in groups]  # each piece's own memory, or None
-    copied = [entry for group, own in zip(groups, lying) if own is None for entry in group]
-    # Out-of-place results can be views of the fusion buffer if it is a new one each time.
-    # That saves copying every result out, more than the new buffer's first touch costs over
-    # the reused scratch buffer: ResNet-50's 161 gradients at 2 and 3 ranks went from 1.37x and
-    # 1.29x one buffer's all-reduce time to 1.18x (docs/engine.md).
-    fresh = not any(entry.inplace for entry in entries)
-    total = sum(entry.array.size for entry in copied)
-    dtype = first.array.dtype
-    buf = np.empty(total, dtype=dtype) if fresh else scratch(np, dtype, total, "fusion")
-    if copied:
-        with span("MEMCPY_IN_FUSION_BUFFER"):
-            np.concatenate([entry.array.reshape(-1) for entry in copied], out=buf)
-    arrays, offset = [], 0
-    for group, own in zip(groups, lying):
-        if own is None:
-            own = buf[offset : offset + sum(entry.array.size for entry in group)]
-            offset += own.size
-        arrays.append(own)
-    pieces = Pieces(arrays)
-    finish = functools.partial(scale, np, factor=factor) if factor != 1.0 else None
-    with span("ALLREDUCE_RING"):
-        for array in arrays:
-            scale(np, array, first.prescale)
-        transport.allreduce(comm, pieces, first.op, np, "ring", finish)
-    if not copied:
-        return [entry.array for entry in entries]  # reduced where they lie
-    results, offset = [], 0
-    with span("MEMCPY_OUT_FUSION_BUFFER"):
-        for group, own in zip(groups, lying):
-            for entry in group:
-                if own is not None:
-                    results.append(entry.array)
-                    continue
-                part = buf[offset : offset + entry.array.size]
-                offset += entry.array.size
-                if not entry.inplace and not fresh:
-                    part = part.copy()  # the scratch buffer is reused: results need their own
-                results.append(deliver(part, entry.array, np, entry.inplace))
+        for entry, part, back in zip(entries, layout.results, layout.copy_back):
+            if part is None:
+                results.append(entry.array)
+            elif not back:
+                results.append(part.reshape(entry.array.shape))
+            else:
+                results.append(deliver(part, entry.array, entry.xp, entry.inplace, factor=factor))
     return results
 
 
@@ -225,7 +264,7 @@ def _large(entry) -> bool:
     return entry.array.nbytes >= ALONE_BYTES
 
 
-def adjacent_span(entries: list):
+def adjacent_span(entries: list) -> Optional[np.ndarray]:
     """Return one host array over the in-place `entries`' arrays if they lie back to back in
     memory in this order (C-contiguous, each starting where the one before ends); else None."""
     if not all(entry.inplace and entry.xp is np for entry in entries):
@@ -245,19 +284,19 @@ def adjacent_span(entries: list):
 
 
 def _bounds(entries: list) -> tuple:
-    """Return the (start, stop) offsets of `entries` in their fusion buffer."""
+    """Return the (start, stop) offsets of `entries` in their fused buffer."""
     stops = list(itertools.accumulate(entry.array.size for entry in entries))
     return tuple(zip([0, *stops[:-1]], stops))
 
 
-def fused_by_kind(comm, entries: list, segment_bytes: int) -> list:
-    """All-reduce `entries` of any dtypes: one fused buffer per kind, results in order."""
+def fused_by_kind(comm, entries: list) -> list:
+    """All-reduce `entries` of any dtypes: one fused batch per kind, results in order."""
     kinds: dict = {}  # fusion key -> positions, in order
     for i, entry in enumerate(entries):
         kinds.setdefault(entry.key, []).append(i)
     results = [None] * len(entries)
     for positions in kinds.values():
-        fused = fused_allreduce(comm, [entries[i] for i in positions], segment_bytes)
+        fused = fused_allreduce(comm, [entries[i] for i in positions])
         for i, result in zip(positions, fused):
             results[i] = result
     return results

@@ -18,7 +18,6 @@ def join_collectives(state) -> None:
     """Answer the synchronous collectives of the other ranks until all have joined."""
     member_sets = [entry for entry in state.process_sets.registered() if entry.comm is not None]
     posted = {i: post_joined(entry.comm) for i, entry in enumerate(member_sets)}
-    segment_bytes = state.settings.ring_segment_bytes
     while posted:
         order = list(posted)
         requests = [posted[i][0] for i in order]
@@ -30,16 +29,16 @@ def join_collectives(state) -> None:
         comm = member_sets[which].comm
         fields = joined_fields(comm)
         if fields is not None:
-            _answer(comm, fields, segment_bytes)
+            _answer(comm, fields)
         posted[which] = post_joined(comm)
 
 
-def _answer(comm, fields: dict, segment_bytes: int) -> None:
+def _answer(comm, fields: dict) -> None:
     """Take a joined rank's part in the collective `fields` that the others run."""
     kind = fields["collective"]
     if kind == "barrier":
         comm.Barrier()
     elif kind == "allreduce":
-        fused_by_kind(comm, [zeros_entry(fields)], segment_bytes)
+        fused_by_kind(comm, [zeros_entry(fields)])
     else:  # grouped_allreduce: its members' fields, in order
-        fused_by_kind(comm, [zeros_entry(dict(m)) for m in fields["members"]], segment_bytes)
+        fused_by_kind(comm, [zeros_entry(dict(m)) for m in fields["members"]])

@@ -3,7 +3,18 @@
 import enum
 import warnings
 
-__all__ = ["ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum", "resolve_op"]
+__all__ = [
+    "ReduceOp",
+    "Average",
+    "Sum",
+    "Min",
+    "Max",
+    "Product",
+    "Adasum",
+    "resolve_op",
+    "combined_as",
+    "result_factor",
+]
 
 
 class ReduceOp(enum.IntEnum):
@@ -24,10 +35,25 @@ Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
 
-# The elementwise kernel that combines two contributions. Average reduces as a sum and is
-# divided afterwards, once, so every algorithm rounds the same way.
+
+# Average is a Sum, then a division by the set's size: these two functions say so, once. Every
+# algorithm and transport combines contributions with `combined_as(op)` (so none of their op
+# tables lists Average), and the result is multiplied by `result_factor` once, so every path
+# rounds the same way.
+
+
+def combined_as(op: ReduceOp) -> ReduceOp:
+    """Return the op that combines the ranks' contributions: Sum for Average, else `op`."""
+    return ReduceOp.SUM if op == ReduceOp.AVERAGE else op
+
+
+def result_factor(op: ReduceOp, postscale: float, size: int) -> float:
+    """Return what the combined result is multiplied by: `postscale`, over `size` for Average."""
+    return postscale / size if op == ReduceOp.AVERAGE else postscale
+
+
+# The elementwise kernel that combines two contributions.
 _UFUNC_NAME = {
-    ReduceOp.AVERAGE: "add",
     ReduceOp.SUM: "add",
     ReduceOp.MIN: "minimum",
     ReduceOp.MAX: "maximum",

@@ -25,7 +25,7 @@ from .agreement import digest, exchange_with_data, explain, inline_bytes, same_e
 from .algorithms.native import MPI_OPS
 from .buffers import native_mpi_type
 from .fusion import FusionEntry, allreduce_fields, fused_allreduce
-from .ops import ReduceOp
+from .ops import ReduceOp, combined_as, result_factor
 from .plan import waiter
 from .process_sets import global_process_set
 from .staging import deliver, scale
@@ -35,8 +35,7 @@ from .transport import select
 __all__ = ["travels_inline", "inline_allreduce", "short_allreduce"]
 
 _AVERAGE, _ADASUM = ReduceOp.AVERAGE, ReduceOp.ADASUM  # an Enum's class attribute costs 0.1 µs
-_UFUNCS = {
-    ReduceOp.AVERAGE: np.add,
+_UFUNCS = {  # (Average combines as a Sum: ops.combined_as)
     ReduceOp.SUM: np.add,
     ReduceOp.MIN: np.minimum,
     ReduceOp.MAX: np.maximum,
@@ -53,7 +52,7 @@ def travels_inline(array, op, scaled: bool, requested, size: int) -> bool:
     return (
         requested is None
         and not scaled
-        and op in _UFUNCS
+        and combined_as(op) in _UFUNCS
         and array.nbytes <= inline_bytes(size)
         and native_mpi_type(array.dtype) is not None
     )
@@ -71,12 +70,11 @@ def inline_allreduce(comm, own: int, array, op, inplace: bool, fields, ranks, wa
         return _beside_joined(comm, array, op, inplace, None)
     # Rank by rank, so every rank adds in the same order and gets the same bits. (A pairwise
     # ufunc on cached rows is three times faster here than ufunc.reduce over a 2-D view.)
-    ufunc = _UFUNCS[op]
+    ufunc = _UFUNCS[combined_as(op)]
     out = ufunc(rows[0], rows[1]) if len(rows) > 1 else rows[0].copy()
     for row in rows[2:]:
         ufunc(out, row, out=out)
-    if op is _AVERAGE:
-        scale(np, out, 1.0 / comm.size)
+    scale(np, out, result_factor(op, 1.0, comm.size))
     if inplace:
         return deliver(out, array, np, inplace)
     return out if array.ndim == 1 else out.reshape(array.shape)
@@ -85,7 +83,7 @@ def inline_allreduce(comm, own: int, array, op, inplace: bool, fields, ranks, wa
 def _beside_joined(comm, array, op, inplace: bool, requested):
     """All-reduce host `array` the general way, as ranks in join() do with their zeros."""
     entry = FusionEntry(array, np, inplace, op, 1.0, 1.0, requested)
-    return fused_allreduce(comm, [entry], current().settings.ring_segment_bytes)[0]
+    return fused_allreduce(comm, [entry])[0]
 
 
 # (name, dtype, shape, op, algorithm, state) -> (digest, MPI type, travels inline, wait)
@@ -171,7 +169,6 @@ def short_allreduce(tensor, options: dict):
             return _beside_joined(comm, tensor, op, inplace, requested)
     out = tensor if inplace else np.empty_like(tensor)
     send = MPI.IN_PLACE if inplace else [tensor, mpi_type]
-    comm.Allreduce(send, [out, mpi_type], MPI_OPS[op])
-    if op is _AVERAGE:
-        scale(np, out, 1.0 / comm.size)
+    comm.Allreduce(send, [out, mpi_type], MPI_OPS[combined_as(op)])
+    scale(np, out, result_factor(op, 1.0, comm.size))
     return out

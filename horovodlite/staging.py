@@ -3,14 +3,27 @@
 An algorithm runs on one flat contiguous buffer. Host arrays are used in place where that is
 allowed, else copied; GPU arrays stay on the GPU when the transport that moves them carries GPU
 buffers (NCCL, a CUDA-aware MPI; transport.py) and are staged through host memory when it does
-not.
+not: through a reused page-locked (pinned) host buffer, which the GPU copies to and from at the
+link's speed, where pageable memory takes a bounce through a driver buffer (a tenth of it on
+the first GPU run: docs/gpu.md).
 """
+
+import threading
 
 import numpy as np
 
+from .algorithms.scratch import scratch
 from .buffers import synchronize_device
 
-__all__ = ["staged", "flat_work", "deliver", "scale", "scaled_copy"]
+__all__ = [
+    "staged",
+    "flat_work",
+    "copy_in",
+    "host_scratch",
+    "deliver",
+    "scale",
+    "scaled_copy",
+]
 
 
 def staged(xp, transport) -> bool:
@@ -26,13 +39,71 @@ def flat_work(array, xp, copy: bool, transport):
         buf = array.reshape(-1)
     else:
         buf = xp.array(array, copy=True, order="C").reshape(-1)
-    synchronize_device(xp)
+    if transport.host_reads:
+        synchronize_device(xp)  # MPI reads GPU memory from the host; NCCL's stream is ordered
     return buf, xp
 
 
-def deliver(buf, array, xp, inplace: bool, shape=None):
-    """Hand `buf` back shaped as `shape`: as a new array, or written into `array` if in place."""
+def copy_in(dest, arrays: list, xp, prescale: float) -> None:
+    """Copy `arrays` (of module `xp`) one after another into the flat `dest`, times `prescale`.
+
+    `dest` is of module `xp`, or a host array where GPU arrays are staged: those are joined on
+    the GPU first and cross to the host in one copy.
+    """
+    staging = xp is not np and isinstance(dest, np.ndarray)
+    module = xp if not staging else np
+    flat = [array.reshape(-1) for array in arrays]
+    if staging:
+        joined = flat[0] if len(flat) == 1 else xp.concatenate(flat)
+        joined.get(out=dest)
+        scale(np, dest, prescale)
+    elif prescale == 1.0:
+        module.concatenate(flat, out=dest)  # one call, not one slice assignment each
+    else:
+        offset = 0
+        for part in flat:
+            target = dest[offset : offset + part.size]
+            module.multiply(part, _factor_type(module, part.dtype)(prescale), out=target,
+                            casting="unsafe")  # fmt: skip
+            offset += part.size
+
+
+_pinned = threading.local()
+
+
+def host_scratch(xp, dtype, count: int):
+    """Return a reused flat host array of `count` elements for staging arrays of module `xp`.
+
+    For CuPy arrays it is page-locked (pinned) memory, one per thread and dtype, grown to the
+    largest batch staged so far.
+    """
+    if xp is np:
+        return scratch(np, dtype, count, "staging")
+    cache = getattr(_pinned, "buffers", None)
+    if cache is None:
+        cache = _pinned.buffers = {}
+    key = (dtype.str, dtype.name)
+    held = cache.get(key)
+    if held is None or held.size < count:
+        memory = xp.cuda.alloc_pinned_memory(max(count, 1) * dtype.itemsize)
+        held = cache[key] = np.frombuffer(memory, dtype=dtype, count=max(count, 1))
+    return held[:count]
+
+
+def deliver(buf, array, xp, inplace: bool, shape=None, factor: float = 1.0):
+    """Hand `buf` back shaped as `shape`: as a new array, or written into `array` if in place.
+
+    A `factor` other than 1 multiplies the result on the way (as scale() rounds); `buf` is then
+    the fusion code's own memory, which it may scale in place.
+    """
     out = buf.reshape(array.shape if shape is None else shape)
+    if factor != 1.0:
+        if inplace and type(out) is type(array) and not _same_memory(out, array):
+            module = np if isinstance(out, np.ndarray) else xp
+            module.multiply(out, _factor_type(module, out.dtype)(factor), out=array,
+                            casting="unsafe")  # fmt: skip
+            return array
+        scale(np if isinstance(out, np.ndarray) else xp, out, factor)
     if xp is not np and isinstance(out, np.ndarray):
         out = xp.asarray(out)
     if not inplace:

@@ -6,9 +6,11 @@ the order they agreed on it. Every transport has the same methods on flat contig
 (numpy, or CuPy for one that carries GPU buffers; MPI's ring all-reduce also takes a host
 `algorithms.pieces.Pieces`, several arrays reduced where they lie):
 
-    allreduce(comm, buf, op, xp, algorithm, finish) reduce `buf` in place, then `finish` it
-                                                    (in place, each element once; the ring
-                                                    finishes each chunk where it completes)
+    allreduce(comm, buf, op, xp, algorithm, finish, source)
+                                                    reduce `source` (None: `buf` itself) into
+                                                    `buf`, then `finish` it (in place, each
+                                                    element once; the ring finishes each chunk
+                                                    where it completes)
     reducescatter(comm, buf, bounds, op, xp, algorithm) -> this rank's chunk
     broadcast(comm, buf, root)                      root's `buf` into every rank's
     allgatherv(comm, own, out, counts)              every rank's part into `out`, in rank order
@@ -17,7 +19,10 @@ the order they agreed on it. Every transport has the same methods on flat contig
 
 `comm` is the MPI communicator the collective was agreed on; a transport that is not MPI keeps
 its own group for each communicator (attached to it, so it lives and dies with it) and builds it
-the first time the ranks use it, all at the same point of their agreed order.
+the first time the ranks use it, all at the same point of their agreed order. `op` is never
+Average: the fusion code combines an Average as a Sum (ops.combined_as) and divides once, in
+`finish`. `host_reads` says whether the host reads GPU buffers (MPI: the GPU must be done with
+them first), or a GPU stream does (NCCL: ordered after the work before it, no host wait).
 
 Implementations: `mpi` (today's algorithms; GPU buffers where the MPI library is CUDA-aware),
 `cupy-nccl` (CuPy's NCCL binding), both below, and the torch binding's `gloo` and `nccl`
@@ -33,7 +38,7 @@ from mpi4py import MPI
 from . import algorithms
 from .buffers import wire_type
 from .config import TRANSPORTS
-from .ops import ReduceOp
+from .ops import ReduceOp, combined_as
 from .runtime import cuda_aware_mpi
 
 __all__ = [
@@ -50,11 +55,9 @@ __all__ = [
 # memory.
 NAMES = TRANSPORTS
 
-# Reductions a transport without user-defined ops can run: Average is a Sum divided afterwards
-# by the fusion code, as for every algorithm; Adasum needs its own algorithm (MPI).
-NATIVE_OPS = frozenset(
-    {ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT}
-)
+# Reductions a transport without user-defined ops can run (Average: as a Sum, ops.combined_as);
+# Adasum needs its own algorithm (MPI).
+NATIVE_OPS = frozenset({ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT})
 
 _BY_DEFAULT = frozenset({"auto", "mpi"})
 
@@ -72,6 +75,7 @@ class MPITransport:
     """
 
     name = "mpi"
+    host_reads = True
 
     def __init__(self, segment_bytes: int, hierarchical_allgather):
         self.segment_bytes, self.hierarchical_allgather = segment_bytes, hierarchical_allgather
@@ -89,12 +93,20 @@ class MPITransport:
         """Return the algorithm that will all-reduce `nbytes` of `dtype` (the timeline names it)."""
         return algorithms.choose(requested, algorithms.ALLREDUCE, nbytes, dtype, xp, comm)
 
-    def allreduce(self, comm, buf, op, xp, algorithm: str, finish=None) -> None:
+    def allreduce(self, comm, buf, op, xp, algorithm: str, finish=None, source=None) -> None:
         run = algorithms.ALLREDUCE[algorithm]
+        if source is not None and algorithm != "mpi":
+            # MPI_Allreduce writes from a send buffer into the result; our algorithms reduce
+            # in place.
+            buf[...] = source
+            source = None
         if algorithm == "ring":  # finishes each chunk where it completes (algorithms/ring.py)
             run(comm, buf, op, xp, self.segment_bytes, finish)
             return
-        run(comm, buf, op, xp, self.segment_bytes)
+        if source is None:
+            run(comm, buf, op, xp, self.segment_bytes)
+        else:
+            run(comm, buf, op, xp, self.segment_bytes, source=source)
         if finish is not None:
             finish(buf)
 
@@ -144,6 +156,7 @@ class GroupTransport:
 
     name = ""
     device = False
+    host_reads = False
     reducible: frozenset = frozenset()
 
     def __init__(self):
@@ -161,16 +174,27 @@ class GroupTransport:
 
     def supports(self, op, dtype) -> bool:
         """Return whether this transport reduces `dtype` with `op` (None: moves data only)."""
-        return op is None or (op in NATIVE_OPS and dtype in self.reducible)
+        return op is None or (combined_as(op) in NATIVE_OPS and dtype in self.reducible)
 
     def allreduce_algorithm(self, requested, nbytes: int, dtype, xp, comm) -> str:
         return self.name
 
-    def allreduce(self, comm, buf, op, xp, algorithm: str, finish=None) -> None:
+    def allreduce(self, comm, buf, op, xp, algorithm: str, finish=None, source=None) -> None:
         if buf.size and comm.size > 1:
-            self.reduce_all(self.group(comm), buf, op)
+            if source is None:
+                self.reduce_all(self.group(comm), buf, op)
+            else:
+                self.reduce_into(self.group(comm), source, buf, op)
+        elif source is not None:
+            buf[...] = source
         if finish is not None:
             finish(buf)
+
+    def reduce_into(self, group, source, buf, op) -> None:
+        """Reduce `source` into `buf`; a library with separate send and receive buffers
+        overrides this to skip the copy."""
+        buf[...] = source
+        self.reduce_all(group, buf, op)
 
     def reducescatter(self, comm, buf, bounds, op, xp, requested):
         lo, hi = bounds[comm.rank]
@@ -366,7 +390,6 @@ class CupyNcclTransport(GroupTransport):
         self.types = {np.dtype(t): getattr(nccl, n) for t, n in types.items() if hasattr(nccl, n)}
         self.reducible = frozenset(self.types)
         self.ops = {
-            ReduceOp.AVERAGE: nccl.NCCL_SUM,  # divided afterwards, as for every algorithm
             ReduceOp.SUM: nccl.NCCL_SUM,
             ReduceOp.MIN: nccl.NCCL_MIN,
             ReduceOp.MAX: nccl.NCCL_MAX,
@@ -381,8 +404,11 @@ class CupyNcclTransport(GroupTransport):
         return self.cupy.cuda.get_current_stream().ptr
 
     def reduce_all(self, group, buf, op) -> None:
+        self.reduce_into(group, buf, buf, op)
+
+    def reduce_into(self, group, source, buf, op) -> None:
         kind, stream = self.types[buf.dtype], self._stream()
-        group.allReduce(buf.data.ptr, buf.data.ptr, buf.size, kind, self.ops[op], stream)
+        group.allReduce(source.data.ptr, buf.data.ptr, buf.size, kind, self.ops[op], stream)
 
     def reduce_scatter(self, group, buf, out, op) -> None:
         kind = self.types[buf.dtype]

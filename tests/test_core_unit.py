@@ -287,6 +287,54 @@ def test_adjacent_span_only_for_in_place_arrays_back_to_back_in_order():
     assert adjacent_span(entries([frozen[:5], frozen[5:]])) is None
 
 
+def _fusion_entries(arrays, inplace, prescale=1.0):
+    from horovodlite.fusion import FusionEntry
+
+    flags = inplace if isinstance(inplace, list) else [inplace] * len(arrays)
+    return [FusionEntry(a, np, i, ReduceOp.SUM, prescale, 1.0, None) for a, i in zip(arrays, flags)]
+
+
+def test_layout_of_one_array_in_place_out_of_place_and_strided():
+    from horovodlite.fusion import lay_out
+
+    x = np.arange(6.0).reshape(2, 3)
+    (own,) = lay_out(_fusion_entries([x], True), np, np, False).pieces
+    assert np.shares_memory(own, x)  # reduced where it lies: no copy in, none out
+    layout = lay_out(_fusion_entries([x], False), np, np, False)
+    # Out of place: written straight from the input into a new buffer, which is the result.
+    assert layout.source is not None and np.shares_memory(layout.source, x)
+    assert not layout.copied and layout.copy_back == [False]
+    assert not np.shares_memory(layout.buffer, x)
+    scaled = lay_out(_fusion_entries([x], False, prescale=2.0), np, np, False)
+    assert scaled.source is None and len(scaled.copied) == 1  # scaled on the way in
+    strided = np.arange(12.0).reshape(2, 6)[:, ::2]
+    layout = lay_out(_fusion_entries([strided], True), np, np, False)
+    assert layout.copied and layout.copy_back == [True] and layout.factor_on_copy_back
+
+
+def test_layout_of_a_batch_decides_each_array_once():
+    from horovodlite.fusion import lay_out
+
+    flat = np.zeros(10)
+    adjacent = [flat[:4], flat[4:]]
+    layout = lay_out(_fusion_entries(adjacent, True), np, np, False)
+    assert len(layout.pieces) == 1 and np.shares_memory(layout.pieces[0], flat)
+    assert layout.results == [None, None] and not layout.copied
+    apart = [np.zeros(3), np.zeros(2), np.zeros(4)]
+    # Mixed: the out-of-place result is a view of a new buffer; the in-place ones come back.
+    layout = lay_out(_fusion_entries(apart, [True, False, True]), np, np, False)
+    assert layout.copy_back == [True, False, True] and not layout.factor_on_copy_back
+    assert [e.array.size for e in layout.copied] == [3, 2, 4] and layout.buffer.size == 9
+    # The ring takes pieces: a large array alone lies where it is, and so does a lone small one;
+    # a run of small ones apart in memory shares a piece in the fusion buffer.
+    large = np.zeros(40000)  # 320 KB: at least fusion.ALONE_BYTES
+    batch = [apart[0], apart[1], large, apart[2]]
+    layout = lay_out(_fusion_entries(batch, True), np, np, True)
+    assert [p.size for p in layout.pieces] == [5, 40000, 4]
+    assert layout.lying == [False, True, True] and layout.copy_back == [True, True, False, False]
+    assert np.shares_memory(layout.pieces[1], large) and layout.results[2] is None
+
+
 def test_pieces_slices_within_a_piece_and_the_ring_cuts_its_segments_at_their_borders():
     from horovodlite.algorithms.pieces import Pieces
     from horovodlite.algorithms.ring import _segments

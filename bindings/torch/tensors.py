@@ -1,9 +1,11 @@
 """Torch tensors as core arrays and back: zero-copy numpy views on the CPU, CuPy on the GPU.
 
 The core works on numpy and CuPy arrays. A CPU tensor is viewed as numpy without copying
-(bfloat16 through ml_dtypes); a CUDA tensor is viewed as CuPy through the CUDA array interface
-(which synchronizes torch's stream). Where CuPy is missing, or cannot hold the dtype (bfloat16),
-CUDA tensors are staged through host memory.
+(bfloat16 through ml_dtypes); a CUDA tensor is viewed as CuPy through DLPack, which orders
+CuPy's current stream after torch's with an event instead of waiting on the host (the CUDA array
+interface makes CuPy synchronize torch's stream from the host, stalling the backward pass that
+submits the gradient). Where CuPy is missing, or cannot hold the dtype (bfloat16), CUDA tensors
+are staged through host memory.
 """
 
 import importlib.util
@@ -32,7 +34,7 @@ class TensorView:
         if detached.is_cuda and not self.staged:
             import cupy  # optional: only CUDA tensors need it, and _CUPY says it is there
 
-            self.array = cupy.asarray(detached)
+            self.array = cupy.from_dlpack(detached)
         else:
             self.array = _numpy_view(detached.cpu() if self.staged else detached)
 

@@ -11,7 +11,9 @@ collective over MPI first, exactly as on the MPI transport; the group only moves
 buffers, in the agreed order.
 
 The buffers arrive as numpy or CuPy arrays (tensors.py made them) and are viewed as tensors
-without copying. A Gloo operation waits at most the collective timeout
+without copying. NCCL runs ordered after CuPy's current stream and orders that stream after
+itself, so no host waits for the GPU (`TorchTransport._run`). A Gloo operation waits at most
+the collective timeout
 (HOROVODLITE_COLLECTIVE_TIMEOUT); a peer that dies during one closes its sockets, and the others
 fail at once with a HorovodLiteError.
 """
@@ -33,8 +35,7 @@ from horovodlite.transport import GroupTransport, register
 
 __all__ = ["TorchTransport"]
 
-_OPS = {
-    ReduceOp.AVERAGE: dist.ReduceOp.SUM,  # divided afterwards, as for every algorithm
+_OPS = {  # (Average combines as a Sum: horovodlite.ops.combined_as)
     ReduceOp.SUM: dist.ReduceOp.SUM,
     ReduceOp.MIN: dist.ReduceOp.MIN,
     ReduceOp.MAX: dist.ReduceOp.MAX,
@@ -96,64 +97,90 @@ class TorchTransport(GroupTransport):
         options._devices = [device]
         return _Group(dist.ProcessGroupGloo(store, comm.rank, comm.size, options), store)
 
-    def _wait(self, group: _Group, work) -> None:
+    def _run(self, group: _Group, start, host_waits: bool = False) -> None:
+        """Run the torch collective `start()` (it returns a Work) and wait for it.
+
+        Gloo: the host waits. NCCL: nothing waits on the host. The collective runs with CuPy's
+        current stream as torch's current one, so NCCL's stream starts after the work queued on
+        it (the copies into the fusion buffer), and `wait()` makes that stream wait for NCCL's:
+        whatever reads the result next on it (or on a stream that DLPack orders after it) sees
+        it, as Horovod's and DDP's NCCL streams are ordered by CUDA events. `host_waits` is for
+        the barrier, whose meaning is the host's.
+        """
         try:
-            work.wait()
-            if group.device is not None:
-                # NCCL ran on its own stream, ordered after torch's current one; the core goes on
-                # with CuPy, so the result must be there before it reads it.
-                torch.cuda.current_stream(group.device).synchronize()
+            if group.device is None:
+                start().wait()
+                return
+            with torch.cuda.stream(_cupy_stream(group.device)):
+                start().wait()
+                if host_waits:
+                    torch.cuda.current_stream(group.device).synchronize()
         except RuntimeError as exc:
             raise HorovodLiteError(
                 f"the {self.name} transport failed: {str(exc).splitlines()[0]} (a rank left or "
                 f"waited past HOROVODLITE_COLLECTIVE_TIMEOUT={self.timeout.total_seconds():g} s)"
             ) from exc
 
-    def _tensor(self, group: _Group, buf) -> torch.Tensor:
+    @staticmethod
+    def _tensor(buf) -> torch.Tensor:
+        """View `buf` as a tensor: a numpy array, or a CuPy one (inside `_run`, on its stream)."""
         if isinstance(buf, np.ndarray):
             if buf.dtype == ml_dtypes.bfloat16:
                 return torch.from_numpy(buf.view(np.int16)).view(torch.bfloat16)
             return torch.from_numpy(buf)
-        # A CuPy array: finished on CuPy's stream before torch's stream reads it.
-        import cupy
-
-        cupy.cuda.get_current_stream().synchronize()
         return torch.from_dlpack(buf)
 
     def reduce_all(self, group, buf, op) -> None:
         options = dist.AllreduceOptions()
         options.reduceOp = _OPS[op]
-        self._wait(group, group.backend.allreduce([self._tensor(group, buf)], options))
+        self._run(group, lambda: group.backend.allreduce([self._tensor(buf)], options))
 
     def reduce_scatter(self, group, buf, out, op) -> None:
-        whole, mine = self._tensor(group, buf), self._tensor(group, out)
         options = dist.ReduceScatterOptions()
         options.reduceOp = _OPS[op]
-        parts = list(whole.chunk(group.backend.size()))
-        self._wait(group, group.backend.reduce_scatter([mine], [parts], options))
+
+        def start():
+            parts = list(self._tensor(buf).chunk(group.backend.size()))
+            return group.backend.reduce_scatter([self._tensor(out)], [parts], options)
+
+        self._run(group, start)
 
     def gather_all(self, group, send, out) -> None:
-        whole = self._tensor(group, out)
-        parts = list(whole.chunk(group.backend.size()))
-        self._wait(group, group.backend.allgather([parts], [self._tensor(group, send)]))
+        def start():
+            parts = list(self._tensor(out).chunk(group.backend.size()))
+            return group.backend.allgather([parts], [self._tensor(send)])
+
+        self._run(group, start)
 
     def broadcast_bytes(self, group, buf, root: int) -> None:
         options = dist.BroadcastOptions()
         options.rootRank = root
-        self._wait(group, group.backend.broadcast([self._tensor(group, buf)], options))
+        self._run(group, lambda: group.backend.broadcast([self._tensor(buf)], options))
 
     def alltoallv_bytes(self, group, buf, send_counts, out, recv_counts) -> None:
-        work = group.backend.alltoall_base(
-            self._tensor(group, out),
-            self._tensor(group, buf),
-            list(recv_counts),
-            list(send_counts),
-            dist.AllToAllOptions(),
+        self._run(
+            group,
+            lambda: group.backend.alltoall_base(
+                self._tensor(out),
+                self._tensor(buf),
+                list(recv_counts),
+                list(send_counts),
+                dist.AllToAllOptions(),
+            ),
         )
-        self._wait(group, work)
 
     def barrier_group(self, group) -> None:
-        self._wait(group, group.backend.barrier(dist.BarrierOptions()))
+        self._run(group, lambda: group.backend.barrier(dist.BarrierOptions()), host_waits=True)
+
+
+def _cupy_stream(device: torch.device):
+    """Return CuPy's current stream as a torch stream (the null stream is both libraries')."""
+    import cupy  # CUDA buffers arrive as CuPy arrays (tensors.py)
+
+    pointer = cupy.cuda.get_current_stream().ptr
+    if pointer == 0:
+        return torch.cuda.default_stream(device)
+    return torch.cuda.ExternalStream(pointer, device=device)
 
 
 def _address(comm, interface: str, backend: str) -> tuple:

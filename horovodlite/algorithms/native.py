@@ -14,8 +14,7 @@ from ..ops import ReduceOp, reduce_into
 
 __all__ = ["MPI_OPS", "mpi_allreduce", "mpi_reducescatter", "supports"]
 
-MPI_OPS = {  # the MPI library's op for each ReduceOp it can apply itself
-    ReduceOp.AVERAGE: MPI.SUM,
+MPI_OPS = {  # the MPI library's op for each ReduceOp it can apply itself (Average: a Sum)
     ReduceOp.SUM: MPI.SUM,
     ReduceOp.MIN: MPI.MIN,
     ReduceOp.MAX: MPI.MAX,
@@ -45,12 +44,16 @@ def supports(dtype: np.dtype, xp) -> bool:
     return xp is np or native_mpi_type(dtype) is not None
 
 
-def mpi_allreduce(comm, buf, op, xp, segment_bytes: int = 0) -> None:
-    """All-reduce the flat contiguous `buf` in place with MPI_Allreduce (it segments itself)."""
+def mpi_allreduce(comm, buf, op, xp, segment_bytes: int = 0, source=None) -> None:
+    """All-reduce the flat contiguous `buf` with MPI_Allreduce (it segments itself): in place,
+    or from the flat `source` into `buf`."""
     if comm.size == 1 or buf.size == 0:
+        if source is not None:
+            buf[...] = source
         return
     mpi_type, mpi_op = _datatype_and_op(buf.dtype, op)
-    comm.Allreduce(MPI.IN_PLACE, [buf, mpi_type], mpi_op)
+    send = MPI.IN_PLACE if source is None else [source, mpi_type]
+    comm.Allreduce(send, [buf, mpi_type], mpi_op)
 
 
 def mpi_reducescatter(comm, buf, bounds, op, xp, segment_bytes: int = 0):

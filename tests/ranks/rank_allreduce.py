@@ -206,9 +206,9 @@ class Spy:
     def __init__(self, function):
         self.function, self.calls = function, 0
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         self.calls += 1
-        return self.function(*args)
+        return self.function(*args, **kwargs)
 
 
 class ShortPathSpy:

@@ -5,6 +5,7 @@ numpy computes every expected result from the inputs (`rank_values` is the same 
 so no MPI call is trusted as the oracle here.
 """
 
+import dataclasses
 import gc
 import threading
 import time
@@ -27,6 +28,7 @@ from oracle import (
 import horovodlite as hvd
 from horovodlite import fusion
 from horovodlite.algorithms.pieces import Pieces
+from horovodlite.collectives import allreduce_plan
 from horovodlite.fusion import adjacent_span
 from horovodlite.wakeup import GATHER_ONE_HOST
 
@@ -402,7 +404,10 @@ def test_the_ring_reduces_large_arrays_where_they_lie_beside_ranks_laid_out_othe
     # in one buffer, separate, and out of place or strided. All must reduce the same elements
     # together, to the same bits, through the engine (async) and grouped_allreduce (sync).
     monkeypatch.setattr(fusion, "ALONE_BYTES", 64)  # 8 float64s
-    monkeypatch.setattr(engine(), "segment_bytes", 40)  # 5 elements: pieces cut segments too
+    # 5 elements: pieces cut segments too (the MPI transport's, made from the settings).
+    state = hvd.state.current()
+    settings = dataclasses.replace(state.settings, ring_segment_bytes=40)
+    monkeypatch.setattr(state, "settings", settings)
     shapes = [(3,), (9,), (2, 7), (1,), (2,), (5, 3), (4,), (11,), (8,)]
     # The pieces: [3], [9], [14], [1, 2], [15], [4], [11], [8] elements. Separate in-place
     # arrays lie where they are if alone in their piece (large, or a lone small one); the run of
@@ -715,7 +720,7 @@ def test_without_overlap_requests_nobody_waits_for_still_run():
     # A rank with no spare core gathers its requests while more keep coming; on one host it
     # gathers for longer (wakeup.GATHER_ONE_HOST), but work that nobody waits for still runs
     # once submissions stop. Nothing here asks for the result (done() and synchronize() would
-    # end the gathering) until its event is set.
+    # end the gathering) until it has finished.
     eng = engine()
     assert eng._gather == GATHER_ONE_HOST  # these jobs run on one host
     before, eng.overlap = eng.overlap, False
@@ -724,9 +729,9 @@ def test_without_overlap_requests_nobody_waits_for_still_run():
         x = np.full(3, float(hvd.rank()))
         handle = hvd.allreduce_async(x, op=hvd.Sum, name="unwaited")
         deadline = time.monotonic() + 60  # a guard against a hang only
-        while not handle._requests[0].event.is_set() and time.monotonic() < deadline:
+        while not handle._requests[0].finished and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert handle._requests[0].event.is_set(), "a request nobody waited for never ran"
+        assert handle._requests[0].finished, "a request nobody waited for never ran"
         n = hvd.size()
         np.testing.assert_array_equal(hvd.synchronize(handle), np.full(3, n * (n - 1) / 2))
     finally:
@@ -770,4 +775,84 @@ def test_the_idle_engine_runs_no_cycle():
     # And a submission wakes them all again.
     out = hvd.synchronize(hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="idle.again"))
     np.testing.assert_array_equal(out, np.full(2, float(hvd.size())))
+    still_in_step()
+
+
+# ---------------------------------------------------------------------------------------------
+# Repeated requests: their arguments are checked once (plan.templates) and the cache confirms
+# them by identity (AgreedCache), yet every call's own array is checked and a change is found.
+
+
+def test_a_repeated_request_still_checks_the_array_it_is_given():
+    n, me, last = hvd.size(), hvd.rank(), hvd.size() - 1
+    for _ in range(2):  # the second call finds the first one's template
+        x = np.ones(3)
+        out = hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, name="template.inplace"))
+        assert out is x
+        np.testing.assert_array_equal(x, np.full(3, float(n)))
+    frozen = np.ones(3)
+    frozen.flags.writeable = me != last
+    handle = hvd.allreduce_async_(frozen, op=hvd.Sum, name="template.inplace")
+    expect_error_everywhere(lambda: hvd.synchronize(handle), {last}, ValueError,
+                            f"rank {last} failed before sending", "read-only")  # fmt: skip
+    still_in_step()
+
+
+@pytest.mark.skipif(WORLD_SIZE < 2, reason="a mismatch needs two ranks")
+def test_a_cached_name_sent_with_other_metadata_raises_on_every_rank():
+    n, me, last = hvd.size(), hvd.rank(), hvd.size() - 1
+    for _ in range(2):  # agreed, then confirmed by the cache
+        out = hvd.synchronize(hvd.allreduce_async(np.ones(4), op=hvd.Sum, name="template.shape"))
+        np.testing.assert_array_equal(out, np.full(4, float(n)))
+    shape = (5,) if me == last else (4,)
+    handle = hvd.allreduce_async(np.ones(shape), op=hvd.Sum, name="template.shape")
+    expect_error_everywhere(lambda: hvd.synchronize(handle), set(), None, "shape", "(5,)")
+    still_in_step()
+    out = hvd.synchronize(hvd.allreduce_async(np.ones(4), op=hvd.Sum, name="template.shape"))
+    np.testing.assert_array_equal(out, np.full(4, float(n)))
+
+
+def test_unnamed_requests_of_one_template_get_names_of_their_own():
+    n = hvd.size()
+    handles = [hvd.allreduce_async(np.full(2, float(i)), op=hvd.Sum) for i in range(3)]
+    names = [handle._requests[0].key[1] for handle in handles]
+    assert len(set(names)) == 3 and all(".noname." in name for name in names)
+    for i, handle in enumerate(handles):
+        np.testing.assert_array_equal(hvd.synchronize(handle), np.full(2, float(n * i)))
+    # The fields they share as a template stay unnamed.
+    assert allreduce_plan(np.zeros(2), op=hvd.Sum).fields["name"] is None
+
+
+def test_templates_follow_the_settings(monkeypatch):
+    # A test, or a new init(), that replaces the settings gets plans made under the new ones.
+    state = hvd.state.current()
+    plan = allreduce_plan(np.ones(2), name="template.algorithm")
+    assert plan.fields["algorithm"] == state.settings.allreduce_algorithm
+    ring = dataclasses.replace(state.settings, allreduce_algorithm="ring")
+    monkeypatch.setattr(state, "settings", ring)
+    plan = allreduce_plan(np.ones(2), name="template.algorithm")
+    assert plan.fields["algorithm"] == "ring"
+
+
+def test_many_small_requests_from_two_threads():
+    # The issue's case: 200 small arrays submitted from two threads, interleaved, then
+    # synchronized; names the cache knows from the second step on.
+    n, me, count = hvd.size(), hvd.rank(), 200
+    arrays = [rank_values((256,), np.float32, me, i) for i in range(count)]
+    expected = [reduce_expected([rank_values((256,), np.float32, k, i) for k in range(n)],
+                                hvd.Sum) for i in range(count)]  # fmt: skip
+    handles = [None] * count
+
+    def submit(first: int):
+        for i in range(first, count, 2):
+            handles[i] = hvd.allreduce_async(arrays[i], op=hvd.Sum, name=f"many.{i}")
+
+    for _ in range(3):
+        threads = [threading.Thread(target=submit, args=(t,)) for t in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for handle, want in zip(handles, expected):
+            assert_reduced(hvd.synchronize(handle), want)
     still_in_step()
