@@ -132,41 +132,24 @@ def lay_out(entries: list, xp, module, takes_pieces: bool, takes_source: bool = 
     says whether the algorithm reduces a `Pieces` (the ring on the host), else one buffer;
     `takes_source` whether it can read its input apart from the result (not Adasum's).
     """
-    first = entries[0]
-    dtype, on_device = first.array.dtype, module is xp
+    if len(entries) == 1:
+        return _lay_out_one(entries[0], xp, module, takes_source)
+    on_device = module is xp
     groups = _piece_groups(entries) if takes_pieces else [entries]
     own = [adjacent_span(group) if on_device else None for group in groups]
     buffered = [e for group, mine in zip(groups, own) if mine is None for e in group]
-    direct = (
-        len(entries) == 1
-        and takes_source
-        and not takes_pieces
-        and on_device
-        and buffered
-        and first.prescale == 1.0
-        and first.array.flags.c_contiguous
-    )
-    total = sum(entry.array.size for entry in buffered)
-    if not on_device:
-        buffer = host_scratch(xp, dtype, total)  # staged results are copied back to the GPU
-    elif any(not entry.inplace for entry in buffered):
-        buffer = module.empty(total, dtype=dtype)  # out-of-place results are views of it
-    else:
-        buffer = scratch(module, dtype, total, "fusion")
-    pieces, copied, results, offset = [], [], [], 0
+    buffer = _buffer(buffered, xp, module)
+    pieces, results, offset = [], [], 0
     for group, mine in zip(groups, own):
         if mine is not None:
             pieces.append(mine)
             results += [None] * len(group)
             continue
-        size = sum(entry.array.size for entry in group)
-        pieces.append(buffer[offset : offset + size])
+        start = offset
         for entry in group:
-            part = buffer[offset : offset + entry.array.size]
+            results.append(buffer[offset : offset + entry.array.size])
             offset += entry.array.size
-            if not direct:
-                copied.append(entry)
-            results.append(part)
+        pieces.append(buffer[start:offset])
     copy_back = [
         part is not None and (entry.inplace or not on_device)
         for entry, part in zip(entries, results)
@@ -175,12 +158,39 @@ def lay_out(entries: list, xp, module, takes_pieces: bool, takes_source: bool = 
         pieces,
         [mine is not None for mine in own],
         buffer,
-        copied,
+        buffered,
         results,
         copy_back,
-        source=first.array.reshape(-1) if direct else None,
         factor_on_copy_back=not takes_pieces and all(copy_back),
     )
+
+
+def _lay_out_one(entry: FusionEntry, xp, module, takes_source: bool) -> Layout:
+    """The layout of one array: where it lies, straight from it into a new result, or copied."""
+    array = entry.array
+    on_device = module is xp
+    if on_device:
+        own = adjacent_span([entry])
+        if own is not None:
+            return Layout([own], [True], None, [], [None], [False])
+        if takes_source and not entry.inplace and entry.prescale == 1.0:
+            if array.flags.c_contiguous:
+                result = module.empty(array.size, dtype=array.dtype)
+                return Layout([result], [False], result, [], [result], [False], array.reshape(-1))
+    buffer = _buffer([entry], xp, module)
+    back = entry.inplace or not on_device
+    return Layout([buffer], [False], buffer, [entry], [buffer], [back], None, back)
+
+
+def _buffer(buffered: list, xp, module):
+    """Return the fusion buffer for the `buffered` entries, of `module`."""
+    dtype = buffered[0].array.dtype if buffered else np.dtype(np.uint8)
+    total = sum(entry.array.size for entry in buffered)
+    if module is not xp:
+        return host_scratch(xp, dtype, total)  # staged results are copied back to the GPU
+    if any(not entry.inplace for entry in buffered):
+        return module.empty(total, dtype=dtype)  # out-of-place results are views of it
+    return scratch(module, dtype, total, "fusion")
 
 
 def fused_allreduce(comm, entries: list, timeline=None) -> list:
@@ -203,7 +213,8 @@ def fused_allreduce(comm, entries: list, timeline=None) -> list:
         if op == ReduceOp.ADASUM
         else transport.allreduce_algorithm(first.requested, nbytes, dtype, module, comm)
     )
-    takes_pieces = chosen == "ring" and module is np and comm.size > 1
+    # The ring takes a batch as `Pieces`, each reduced where it lies; one array needs no pieces.
+    takes_pieces = chosen == "ring" and module is np and comm.size > 1 and len(entries) > 1
     layout = lay_out(entries, xp, module, takes_pieces, takes_source=op != ReduceOp.ADASUM)
     factor = result_factor(op, first.postscale, comm.size)
     if layout.copied:
