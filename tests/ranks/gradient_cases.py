@@ -13,6 +13,7 @@ import dataclasses
 from typing import Callable, Optional
 
 import numpy as np
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import horovodlite as hvd
@@ -27,7 +28,9 @@ __all__ = [
     "upstream",
     "outputs",
     "output_shapes",
-    "serve_property",
+    "run_collective",
+    "EvenRanks",
+    "random_cases_test",
 ]
 
 REDUCTIONS = ("allreduce", "grouped_allreduce", "reducescatter", "grouped_reducescatter")
@@ -222,21 +225,84 @@ def cases(draw) -> Case:
     )
 
 
-def serve_property(check: Callable, run: Callable) -> None:
-    """Run a hypothesis property on every rank: rank 0 draws, the others serve its examples.
+def run_collective(hvd, case: Case, xs: list, process_set) -> list:
+    """Run the case's collective through the binding `hvd` on this rank's tensors `xs`; return
+    its outputs. (The bindings share Horovod's signatures for these.)"""
+    kind, members = case.collective, case.members(hvd.size())
+    scale = {"prescale_factor": case.prescale, "postscale_factor": case.postscale}
+    op = hvd.ReduceOp[case.op]
+    if kind == "allreduce":
+        return [hvd.allreduce(xs[0], op=op, process_set=process_set, **scale)]
+    if kind == "grouped_allreduce":
+        return hvd.grouped_allreduce(xs, op=op, process_set=process_set, **scale)
+    if kind == "reducescatter":
+        return [hvd.reducescatter(xs[0], op=op, process_set=process_set, **scale)]
+    if kind == "grouped_reducescatter":
+        return hvd.grouped_reducescatter(xs, op=op, process_set=process_set, **scale)
+    if kind == "allgather":
+        return [hvd.allgather(xs[0], process_set=process_set)]
+    if kind == "grouped_allgather":
+        return hvd.grouped_allgather(xs, process_set=process_set)
+    if kind == "broadcast":
+        return [hvd.broadcast(xs[0], members[case.root], process_set=process_set)]
+    me = members.index(hvd.rank())
+    return [hvd.alltoall(xs[0], list(case.splits[me]), process_set=process_set)[0]]
 
-    `check()` is the @given test that rank 0 runs; it must broadcast each drawn case with
-    `hvd.broadcast_object(case, 0, name="gradients.case")` and run it. The other ranks run
-    `run(case)` for each case until rank 0 sends None.
+
+class EvenRanks:
+    """The process set of the even ranks, registered for a module's cases with `subset`."""
+
+    def __init__(self, hvd):
+        self.hvd, self.process_set = hvd, None
+
+    def __enter__(self):
+        if self.hvd.size() > 1:
+            self.process_set = self.hvd.add_process_set(list(range(0, self.hvd.size(), 2)))
+        return self
+
+    def __exit__(self, *exc):
+        if self.process_set is not None:
+            self.hvd.remove_process_set(self.process_set)
+
+    def of(self, case: Case):
+        """Return the process set `case` runs on."""
+        if not case.subset or self.process_set is None:
+            return self.hvd.global_process_set
+        return self.process_set
+
+
+def random_cases_test(run_case: Callable, tolerance: float, max_examples: int) -> Callable:
+    """Return a test of the hypothesis property: `run_case(case)` (every rank's largest
+    difference from one process) stays within `tolerance` for drawn cases.
+
+    Rank 0 runs hypothesis and broadcasts each drawn case; the other ranks run the cases it
+    sends until it sends None, so every rank runs the same examples, shrinking included.
     """
-    if hvd.rank() == 0:
-        try:
-            check()
-        finally:
-            hvd.broadcast_object(None, root_rank=0, name="gradients.case")
-        return
-    while True:
-        case = hvd.broadcast_object(None, root_rank=0, name="gradients.case")
-        if case is None:
-            break
-        run(case)
+
+    @settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=cases())
+    def check(case):
+        hvd.broadcast_object(case, root_rank=0, name="gradients.case")
+        errors = run_case(case)
+        assert max(errors) <= tolerance, f"{case}: differences by rank {errors}"
+
+    def test():
+        if hvd.rank() == 0:
+            try:
+                check()
+            finally:
+                hvd.broadcast_object(None, root_rank=0, name="gradients.case")
+            return
+        while True:
+            case = hvd.broadcast_object(None, root_rank=0, name="gradients.case")
+            if case is None:
+                break
+            run_case(case)
+
+    return test

@@ -15,15 +15,15 @@ import pytest  # noqa: E402
 from gradient_cases import (  # noqa: E402
     CASES,
     Case,
+    EvenRanks,
     Ops,
-    cases,
     fit,
     inputs,
     outputs,
-    serve_property,
+    random_cases_test,
+    run_collective,
     upstream,
 )
-from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 tf = pytest.importorskip("tensorflow")
 hvd = pytest.importorskip("horovodlite.tensorflow")
@@ -45,46 +45,20 @@ OPS = Ops(
     },
 )
 
-_sets: dict = {}
+_even: list = []  # the EvenRanks of this module's session
 
 
 @pytest.fixture(scope="module", autouse=True)
 def even_ranks():
     """The process set of the even ranks, made once: cases with `subset` reduce within it."""
-    if hvd.size() > 1:
-        _sets[hvd.size()] = hvd.add_process_set(list(range(0, hvd.size(), 2)))
-    yield
-    if hvd.size() > 1:
-        hvd.remove_process_set(_sets.pop(hvd.size()))
+    with EvenRanks(hvd) as even:
+        _even.append(even)
+        yield
+        _even.pop()
 
 
-def _process_set(case: Case):
-    if not case.subset or hvd.size() == 1:
-        return hvd.global_process_set
-    return _sets[hvd.size()]
-
-
-def _call(case: Case, xs: list, process_set) -> list:
-    """Run the case's collective on this rank's tensors; return its outputs."""
-    kind, members = case.collective, case.members(hvd.size())
-    scale = {"prescale_factor": case.prescale, "postscale_factor": case.postscale}
-    op = hvd.ReduceOp[case.op]
-    if kind == "allreduce":
-        return [hvd.allreduce(xs[0], op=op, process_set=process_set, **scale)]
-    if kind == "grouped_allreduce":
-        return hvd.grouped_allreduce(xs, op=op, process_set=process_set, **scale)
-    if kind == "reducescatter":
-        return [hvd.reducescatter(xs[0], op=op, process_set=process_set, **scale)]
-    if kind == "grouped_reducescatter":
-        return hvd.grouped_reducescatter(xs, op=op, process_set=process_set, **scale)
-    if kind == "allgather":
-        return [hvd.allgather(xs[0], process_set=process_set)]
-    if kind == "grouped_allgather":
-        return hvd.grouped_allgather(xs, process_set=process_set)
-    if kind == "broadcast":
-        return [hvd.broadcast(xs[0], members[case.root], process_set=process_set)]
-    me = members.index(hvd.rank())
-    return [hvd.alltoall(xs[0], list(case.splits[me]), process_set=process_set)[0]]
+def _call(case: Case, xs: list) -> list:
+    return run_collective(hvd, case, xs, _even[-1].of(case))
 
 
 def _expected(case: Case, me: int):
@@ -104,12 +78,11 @@ def _expected(case: Case, me: int):
 def _through_horovodlite(case: Case, me: int, weights: list, mode: str):
     """This rank's outputs and input gradients through horovodlite, in `mode`."""
     arrays = inputs(case, me)
-    process_set = _process_set(case)
 
     def run(*xs):
         with tf.GradientTape() as tape:
             tape.watch(xs)
-            ys = _call(case, list(xs), process_set)
+            ys = _call(case, list(xs))
             loss = tf.add_n([tf.reduce_sum(c * y) for c, y in zip(weights, ys)])
         return ys, tape.gradient(loss, list(xs))
 
@@ -120,7 +93,7 @@ def _through_horovodlite(case: Case, me: int, weights: list, mode: str):
     else:
         with tf.Graph().as_default(), tf1.Session() as session:
             xs = [tf.constant(x) for x in arrays]
-            ys = _call(case, xs, process_set)
+            ys = _call(case, xs)
             loss = tf.add_n([tf.reduce_sum(c * y) for c, y in zip(weights, ys)])
             grads = tf1.gradients(loss, xs)
             return session.run((ys, [tf.zeros_like(x) if g is None else g
@@ -158,22 +131,9 @@ def test_gradient_equals_one_process(case, mode):
     assert max(errors) <= TOLERANCE, f"{case} ({mode}): differences by rank {errors}"
 
 
-@settings(
-    max_examples=20,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
+test_gradient_equals_one_process_for_random_cases = random_cases_test(
+    run_case, TOLERANCE, max_examples=20
 )
-@given(case=cases())
-def _check_random_case(case):
-    hvd.broadcast_object(case, root_rank=0, name="gradients.case")
-    errors = run_case(case)
-    assert max(errors) <= TOLERANCE, f"{case}: differences by rank {errors}"
-
-
-def test_gradient_equals_one_process_for_random_cases():
-    serve_property(_check_random_case, run_case)
 
 
 # -- a contrastive model --------------------------------------------------------------------

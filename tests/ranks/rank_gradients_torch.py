@@ -6,8 +6,18 @@ hvd.allgather trains with DistributedOptimizer exactly as one process on the who
 
 import numpy as np
 import pytest
-from gradient_cases import CASES, Case, Ops, cases, fit, inputs, outputs, serve_property, upstream
-from hypothesis import HealthCheck, given, settings
+from gradient_cases import (
+    CASES,
+    Case,
+    EvenRanks,
+    Ops,
+    fit,
+    inputs,
+    outputs,
+    random_cases_test,
+    run_collective,
+    upstream,
+)
 
 torch = pytest.importorskip("torch")
 hvd = pytest.importorskip("horovodlite.torch")
@@ -26,46 +36,20 @@ OPS = Ops(
     },
 )
 
-_sets: dict = {}
-
-
-def _process_set(case: Case):
-    if not case.subset or hvd.size() == 1:
-        return hvd.global_process_set
-    return _sets[hvd.size()]
+_even: list = []  # the EvenRanks of this module's session
 
 
 @pytest.fixture(scope="module", autouse=True)
 def even_ranks():
     """The process set of the even ranks, made once: cases with `subset` reduce within it."""
-    if hvd.size() > 1:
-        _sets[hvd.size()] = hvd.add_process_set(list(range(0, hvd.size(), 2)))
-    yield
-    if hvd.size() > 1:
-        hvd.remove_process_set(_sets.pop(hvd.size()))
+    with EvenRanks(hvd) as even:
+        _even.append(even)
+        yield
+        _even.pop()
 
 
-def _call(case: Case, xs: list, process_set) -> list:
-    """Run the case's collective on this rank's tensors; return its outputs."""
-    kind, members = case.collective, case.members(hvd.size())
-    scale = {"prescale_factor": case.prescale, "postscale_factor": case.postscale}
-    op = hvd.ReduceOp[case.op]
-    if kind == "allreduce":
-        return [hvd.allreduce(xs[0], op=op, process_set=process_set, **scale)]
-    if kind == "grouped_allreduce":
-        return hvd.grouped_allreduce(xs, op=op, process_set=process_set, **scale)
-    if kind == "reducescatter":
-        return [hvd.reducescatter(xs[0], op=op, process_set=process_set, **scale)]
-    if kind == "grouped_reducescatter":
-        return hvd.grouped_reducescatter(xs, op=op, process_set=process_set, **scale)
-    if kind == "allgather":
-        return [hvd.allgather(xs[0], process_set=process_set)]
-    if kind == "grouped_allgather":
-        return hvd.grouped_allgather(xs, process_set=process_set)
-    if kind == "broadcast":
-        return [hvd.broadcast(xs[0], members[case.root], process_set=process_set)]
-    me = members.index(hvd.rank())
-    return [hvd.alltoall(xs[0], list(case.splits[me]), process_set=process_set)[0]]
+def _call(case: Case, xs: list) -> list:
+    return run_collective(hvd, case, xs, _even[-1].of(case))
 
 
 def run_case(case: Case) -> list:
@@ -88,7 +72,7 @@ def run_case(case: Case) -> list:
         expected = torch.autograd.grad(total, everyone[me], allow_unused=True)
         # This rank, through horovodlite.
         xs = [torch.tensor(x, requires_grad=True) for x in inputs(case, me)]
-        ys = _call(case, xs, _process_set(case))
+        ys = _call(case, xs)
         loss = sum((c * y).sum() for c, y in zip(weights[me], ys))
         got = torch.autograd.grad(loss, xs, allow_unused=True)
         for y, want in zip(ys, expected_out[me]):
@@ -109,22 +93,9 @@ def test_gradient_equals_one_process(case):
     assert max(errors) <= TOLERANCE, f"{case}: differences by rank {errors}"
 
 
-@settings(
-    max_examples=25,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
+test_gradient_equals_one_process_for_random_cases = random_cases_test(
+    run_case, TOLERANCE, max_examples=25
 )
-@given(case=cases())
-def _check_random_case(case):
-    hvd.broadcast_object(case, root_rank=0, name="gradients.case")
-    errors = run_case(case)
-    assert max(errors) <= TOLERANCE, f"{case}: differences by rank {errors}"
-
-
-def test_gradient_equals_one_process_for_random_cases():
-    serve_property(_check_random_case, run_case)
 
 
 def test_adasum_allreduce_has_no_gradient():
