@@ -241,14 +241,9 @@ def reducescatter_plan(
 
     parsed, error = checked(parse, bad_input)
     resolved, requested = parsed or (None, None)
-    fields = array_fields(
-        "reducescatter",
-        name,
-        array,
-        op=getattr(resolved, "name", None),
-        prescale_factor=float(prescale_factor),
-        postscale_factor=float(postscale_factor),
-        algorithm=requested,
+    # An all-reduce's fields under this collective's name, and no device (on_host None).
+    fields = allreduce_fields(
+        name, array, resolved, prescale_factor, postscale_factor, requested, None, "reducescatter"
     )
 
     def execute(comm, _):

@@ -75,18 +75,26 @@ def zeros_entry(fields: dict) -> FusionEntry:
     )
 
 
-def allreduce_fields(name, array, op, prescale, postscale, requested, on_host: bool) -> dict:
-    """Return what the ranks must agree on for an all-reduce (agreement.py)."""
-    return array_fields(
-        "allreduce",
+def allreduce_fields(
+    name, array, op, prescale, postscale, requested, on_host: Optional[bool], collective="allreduce"
+) -> dict:
+    """Return what the ranks must agree on for an all-reduce (agreement.py).
+
+    A reduce-scatter agrees on the same fields under its own `collective` name, with `on_host`
+    None: only an all-reduce names its device, where a joined rank makes its zeros (zeros_entry).
+    """
+    fields = array_fields(
+        collective,
         name,
         array,
         op=getattr(op, "name", None),
         prescale_factor=float(prescale),
         postscale_factor=float(postscale),
         algorithm=requested,
-        device="cpu" if on_host else "cuda",
     )
+    if on_host is not None:
+        fields["device"] = "cpu" if on_host else "cuda"
+    return fields
 
 
 # In a fused batch that the ring moves, host arrays of at least this size are each a piece of

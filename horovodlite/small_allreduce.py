@@ -34,7 +34,9 @@ from .transport import select
 
 __all__ = ["travels_inline", "inline_allreduce", "short_allreduce"]
 
-_AVERAGE, _ADASUM = ReduceOp.AVERAGE, ReduceOp.ADASUM  # an Enum's class attribute costs 0.1 µs
+# Bound once: reading an Enum's class attribute costs a noticeable part of this path's budget
+# (docs/benchmarks.md, "Figures behind the code's constants").
+_AVERAGE, _ADASUM = ReduceOp.AVERAGE, ReduceOp.ADASUM
 _UFUNCS = {  # (Average combines as a Sum: ops.combined_as)
     ReduceOp.SUM: np.add,
     ReduceOp.MIN: np.minimum,
@@ -68,8 +70,8 @@ def inline_allreduce(comm, own: int, array, op, inplace: bool, fields, ranks, wa
     if rows is None:
         explain(comm, fields(), ranks=ranks)  # raises, or returns beside joined ranks
         return _beside_joined(comm, array, op, inplace, None)
-    # Rank by rank, so every rank adds in the same order and gets the same bits. (A pairwise
-    # ufunc on cached rows is three times faster here than ufunc.reduce over a 2-D view.)
+    # Rank by rank, so every rank adds in the same order and gets the same bits; pairwise ufuncs
+    # on the cached rows, as ufunc.reduce over a 2-D view costs more at these sizes (same doc).
     ufunc = _UFUNCS[combined_as(op)]
     out = ufunc(rows[0], rows[1]) if len(rows) > 1 else rows[0].copy()
     for row in rows[2:]:

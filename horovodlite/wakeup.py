@@ -47,13 +47,12 @@ _LONG_SLEEP = 1.0  # seconds asleep after which notes are tested less often
 # backward pass, a loop of *_async calls), until QUIET passes without a new one or the oldest
 # has waited LONGEST: work not waited for must still progress. The two depend on where the
 # bytes go. On one host moving them costs the computation's own CPU, so a cycle inside a
-# backward pass only adds a negotiation: with 50 ms and 0.5 s, ResNet-18's backward pass (whose
-# layers can take over 50 ms each) ran 35 to 228 cycles at 2 ranks on 2 cores and took 1.50 to
-# 1.59 s, against 0 cycles and 1.37 to 1.41 s with 0.5 s and 5 s (docs/training-speed.md).
-# Across hosts a transfer mostly waits on the network, where an early start of the first
-# gradients can hide it: there the times stay 50 ms and 0.5 s (a longer gathering across hosts
-# was not measured). LONGEST is not shorter because a cap of 50 ms split ResNet-50's 161
-# gradients into two or three fused batches, each a ring of its own, on a loaded machine.
+# backward pass only adds a negotiation: QUIET there outlasts the slowest layer's backward on
+# one core, so that a pass is gathered whole. Across hosts a transfer mostly waits on the
+# network, where an early start of the first gradients can hide it, so the times are shorter
+# (a longer gathering across hosts was not measured). LONGEST leaves room to submit a whole
+# backward pass on a loaded machine: a shorter cap split one into several fused batches, each a
+# ring of its own. The measurements: docs/benchmarks.md, "Figures behind the code's constants".
 GATHER_ONE_HOST = (0.5, 5.0)  # (QUIET, LONGEST) seconds
 GATHER_ACROSS_HOSTS = (0.05, 0.5)
 

@@ -227,26 +227,36 @@ def grouped_allreduce(
 # -- allgather ------------------------------------------------------------------------------
 
 
-def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Return allgather() of every tensor in `tensors`, as one op (differentiable)."""
-    tensors = [tf.convert_to_tensor(t) for t in tensors]
-    if not tensors:
+def _by_rows(xs: list, start, backward, *, name, kind: str) -> list:
+    """Run `start(arrays, request)`, a grouped collective along dimension 0, as one op on `xs`.
+
+    The results' dimension 0 is unknown until run (rows_shape); `backward` is their gradient.
+    """
+    if not xs:
         return []
-    for tensor in tensors:
-        if tensor.shape.rank == 0:
-            raise ValueError("allgather works on dimension 0, but got a 0-d tensor: reshape it")
+    for x in xs:
+        if x.shape.rank == 0:
+            raise ValueError(f"{kind} works on dimension 0, but got a 0-d tensor: reshape it")
 
     def forward(xs):
-        request = request_name(name, kind="allgather")
+        request = request_name(name, kind=kind)
         return run_op(
-            lambda *arrays: waiting(
-                core.grouped_allgather_async(arrays, name=request, process_set=process_set)
-            ),
+            lambda *arrays: waiting(start(arrays, request)),
             xs,
             touts=[x.dtype for x in xs],
             shapes=[rows_shape(x) for x in xs],
-            kind="Allgather",
+            kind=kind.title(),
         )
+
+    return differentiable(forward, backward, xs)
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Return allgather() of every tensor in `tensors`, as one op (differentiable)."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+
+    def start(arrays, request):
+        return core.grouped_allgather_async(arrays, name=request, process_set=process_set)
 
     def backward(dys, xs):
         rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])
@@ -259,7 +269,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=g
             process_set=process_set,
         )
 
-    return differentiable(forward, backward, tensors)
+    return _by_rows(tensors, start, backward, name=name, kind="allgather")
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -399,6 +409,21 @@ def alltoall(
     return (output, received[-1]) if given else output
 
 
+def _reducescatter(tensors, compression, *, name, args: dict) -> list:
+    """Reduce-scatter `tensors` as one op, each compressed on the wire (differentiable)."""
+    compressed = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+
+    def start(arrays, request):
+        return core.grouped_reducescatter_async(arrays, name=request, **args)
+
+    def backward(dys, xs):
+        return _reduction_gradient(collective_gradients.reducescatter_gradients, dys, xs, args)
+
+    xs = [t for t, _ in compressed]
+    results = _by_rows(xs, start, backward, name=name, kind="reducescatter")
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed)]
+
+
 def grouped_reducescatter(
     tensors,
     device_dense="",
@@ -411,31 +436,7 @@ def grouped_reducescatter(
 ) -> list:
     """Return reducescatter() of every tensor in `tensors`, as one op (differentiable)."""
     args = reduce_kwargs(op, None, prescale_factor, postscale_factor, process_set)
-    compressed = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
-    xs = [t for t, _ in compressed]
-    if not xs:
-        return []
-    for x in xs:
-        if x.shape.rank == 0:
-            raise ValueError("reducescatter works on dimension 0, but got a 0-d tensor: reshape it")
-
-    def forward(xs):
-        request = request_name(name, kind="reducescatter")
-        return run_op(
-            lambda *arrays: waiting(
-                core.grouped_reducescatter_async(arrays, name=request, **args)
-            ),
-            xs,
-            touts=[x.dtype for x in xs],
-            shapes=[rows_shape(x) for x in xs],
-            kind="Reducescatter",
-        )
-
-    def backward(dys, xs):
-        return _reduction_gradient(collective_gradients.reducescatter_gradients, dys, xs, args)
-
-    results = differentiable(forward, backward, xs)
-    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed)]
+    return _reducescatter(tensors, compression, name=name, args=args)
 
 
 def reducescatter(
@@ -453,15 +454,8 @@ def reducescatter(
 
     With n rows and k ranks, ranks 0 .. n % k - 1 get n // k + 1 rows, the others n // k.
     """
-    (result,) = grouped_reducescatter(
-        [tensor],
-        compression=compression,
-        op=op,
-        name=name,
-        process_set=process_set,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-    )
+    args = reduce_kwargs(op, None, prescale_factor, postscale_factor, process_set)
+    (result,) = _reducescatter([tensor], compression, name=name, args=args)
     return result
 
 

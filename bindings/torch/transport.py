@@ -28,35 +28,23 @@ from mpi4py import MPI
 
 import torch
 import torch.distributed as dist
+from horovodlite.buffers import SUPPORTED_DTYPES
 from horovodlite.exceptions import HorovodLiteError
 from horovodlite.hosts import one_host, reachable_address
-from horovodlite.ops import ReduceOp
-from horovodlite.transport import GroupTransport, register
+from horovodlite.transport import NATIVE_OPS, GroupTransport, register
 
 __all__ = ["TorchTransport"]
 
-_OPS = {  # (Average combines as a Sum: horovodlite.ops.combined_as)
-    ReduceOp.SUM: dist.ReduceOp.SUM,
-    ReduceOp.MIN: dist.ReduceOp.MIN,
-    ReduceOp.MAX: dist.ReduceOp.MAX,
-    ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
-}
+# torch names the reductions a group transport runs as horovodlite does (Sum, Min, Max, Product;
+# Average combines as a Sum: horovodlite.ops.combined_as).
+_OPS = {op: getattr(dist.ReduceOp, op.name) for op in NATIVE_OPS}
 
-# What Gloo and NCCL both reduce (Gloo has no 16-bit integers nor unsigned wider than 8 bits;
-# bool goes to MPI, whose Sum is a logical or as Horovod's). Data movement takes every dtype.
-_REDUCIBLE = frozenset(
-    np.dtype(t)
-    for t in (
-        np.float16,
-        ml_dtypes.bfloat16,
-        np.float32,
-        np.float64,
-        np.int8,
-        np.uint8,
-        np.int32,
-        np.int64,
-    )
-)
+# What Gloo and NCCL both reduce: the supported dtypes less those Gloo cannot (16-bit integers,
+# unsigned ones wider than 8 bits) and bool, which goes to MPI, whose Sum is a logical or as
+# Horovod's. Data movement takes every dtype.
+_REDUCIBLE = SUPPORTED_DTYPES - {
+    np.dtype(t) for t in (np.int16, np.uint16, np.uint32, np.uint64, np.bool_)
+}
 
 
 class _Group:

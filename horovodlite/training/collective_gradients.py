@@ -72,41 +72,50 @@ def _set(process_set: Optional[ProcessSet]) -> ProcessSet:
     return process_set or global_process_set
 
 
-def allreduce_gradients(
-    grads: list,
-    inputs: Optional[list] = None,
-    *,
-    op: ReduceOp,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: Optional[ProcessSet] = global_process_set,
-    name: Optional[str] = None,
-) -> Finish:
+def _summed(grads: list, process_set, name) -> Finish:
+    """Start G, the sum over the ranks of the upstream gradients; return its finish."""
+    return _waiting(
+        grouped_allreduce_async(
+            grads, op=ReduceOp.SUM, process_set=process_set, name=_member(name, "sum")
+        )
+    )
+
+
+def _gathered(grads: list, process_set, name) -> Finish:
+    """Start G, the concatenation of the ranks' upstream gradients of their rows."""
+    return _waiting(
+        grouped_allgather_async(grads, process_set=process_set, name=_member(name, "rows"))
+    )
+
+
+def allreduce_gradients(grads: list, inputs: Optional[list] = None, **reduction) -> Finish:
     """Start the gradient of an all-reduce (or a grouped one) of `inputs`; return its finish.
 
     Args:
         grads: the upstream gradient of each output on this rank.
         inputs: the forward pass's inputs on this rank; read by Min, Max and Product only.
-        op, prescale_factor, postscale_factor, process_set: the forward all-reduce's.
-        name: the base of the requests' names (None: submission order).
+        reduction: the forward all-reduce's op, prescale_factor, postscale_factor and
+            process_set, and name, the base of the requests' names (None: submission order);
+            _reduction_gradient() lists them with their defaults.
 
     Raises:
         ValueError: op is Adasum, whose result is no fixed function of one rank's input.
     """
-    _check_differentiable(op)
-    summed = _waiting(
-        grouped_allreduce_async(
-            grads, op=ReduceOp.SUM, process_set=process_set, name=_member(name, "sum")
-        )
-    )
-    return _through_reduction(
-        summed, inputs, op, prescale_factor, postscale_factor, _set(process_set), name
-    )
+    return _reduction_gradient(_summed, grads, inputs, **reduction)
 
 
-def reducescatter_gradients(
+def reducescatter_gradients(grads: list, inputs: Optional[list] = None, **reduction) -> Finish:
+    """Start the gradient of a reduce-scatter (or a grouped one); return its finish.
+
+    Arguments as allreduce_gradients(); `grads` are the gradients of this rank's rows.
+    """
+    return _reduction_gradient(_gathered, grads, inputs, **reduction)
+
+
+def _reduction_gradient(
+    start_upstream: Callable[..., Finish],
     grads: list,
-    inputs: Optional[list] = None,
+    inputs: Optional[list],
     *,
     op: ReduceOp,
     prescale_factor: float = 1.0,
@@ -114,25 +123,18 @@ def reducescatter_gradients(
     process_set: Optional[ProcessSet] = global_process_set,
     name: Optional[str] = None,
 ) -> Finish:
-    """Start the gradient of a reduce-scatter (or a grouped one); return its finish.
+    """Check `op`, start G (`start_upstream`: _summed or _gathered); return the gradient's finish.
 
-    Arguments as allreduce_gradients(); `grads` are the gradients of this rank's rows.
+    The check comes first, so an Adasum gradient raises on every rank before any communication.
     """
-    _check_differentiable(op)
-    gathered = _waiting(
-        grouped_allgather_async(grads, process_set=process_set, name=_member(name, "rows"))
-    )
-    return _through_reduction(
-        gathered, inputs, op, prescale_factor, postscale_factor, _set(process_set), name
-    )
-
-
-def _check_differentiable(op: ReduceOp) -> None:
     if op == ReduceOp.ADASUM:
         raise ValueError(
             "an Adasum all-reduce has no gradient here: Adasum combines the ranks' gradients "
             "(DistributedOptimizer(op=hvd.Adasum)); inside a model use op=hvd.Sum or hvd.Average"
         )
+    upstream = start_upstream(grads, process_set, name)
+    pre, post = prescale_factor, postscale_factor
+    return _through_reduction(upstream, inputs, op, pre, post, _set(process_set), name)
 
 
 def _through_reduction(
@@ -221,11 +223,7 @@ def allgather_gradients(
         rows: the number of rows (dimension 0) of each input on this rank.
     """
     process_set = _set(process_set)
-    summed = _waiting(
-        grouped_allreduce_async(
-            grads, op=ReduceOp.SUM, process_set=process_set, name=_member(name, "sum")
-        )
-    )
+    summed = _summed(grads, process_set, name)
     counts = _waiting(
         grouped_allgather_async(
             # On the host, whatever holds the gradients: one row of counts per rank.
@@ -252,11 +250,7 @@ def broadcast_gradients(
     name: Optional[str] = None,
 ) -> Finish:
     """Start the gradient of a broadcast from global rank `root_rank`; return its finish."""
-    summed = _waiting(
-        grouped_allreduce_async(
-            grads, op=ReduceOp.SUM, process_set=process_set, name=_member(name, "sum")
-        )
-    )
+    summed = _summed(grads, process_set, name)
     if rank() == root_rank:
         return summed
     return lambda: [array_module(g).zeros_like(g) for g in summed()]
