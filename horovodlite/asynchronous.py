@@ -1,17 +1,21 @@
 """Asynchronous collectives: submit to the engine, then poll() and synchronize() the handle.
 
-Each `*_async` function builds the same Plan as its synchronous twin (collectives.py) and hands
-it to the engine, so the two share one implementation and one documentation: each takes its
-twin's arguments. Requests are matched across ranks by name; unnamed ones are named
-"<collective>.noname.<n>" in submission order, as Horovod does. A name is held from submission
-until the collective has finished on this rank, synchronized or not.
+Each `*_async` function builds the same Plan as its blocking twin (collectives.py) and hands it
+to the engine (`_submit`), so the two share one implementation; the twin documents the
+arguments, and each function here says only what differs. Requests are matched across ranks by
+name; unnamed ones are named "<collective>.noname.<n>" in submission order, as Horovod does. A
+name is held from submission until the collective has finished on this rank, synchronized or not.
+
+Every `*_async` function raises at once, on this rank only: NotInitializedError before init();
+TypeError or ValueError for a `process_set` that is not a registered set holding this rank;
+ValueError when a request of the same name is already in flight here; HorovodLiteError when the
+engine has stopped. Any other bad argument, and ranks that disagree, are raised by synchronize()
+on every rank: the rank at fault gets its own TypeError or ValueError, the others a
+MismatchError naming it.
 
 join() and barrier() live here because they meet both worlds: the synchronous collectives of
 other ranks, and this rank's engine.
 """
-
-import functools
-from typing import Callable
 
 from . import collectives
 from . import state as _state
@@ -24,7 +28,7 @@ from .collectives import (
 )
 from .handles import Handle
 from .joining import join_collectives
-from .plan import signature_of
+from .ops import ReduceOp
 from .process_sets import global_process_set
 
 __all__ = [
@@ -52,50 +56,231 @@ def _engine():
     return _state.current().engine
 
 
-def _asynchronous(make_plan: Callable, name: str, **fixed) -> Callable:
-    """Return `name`: start `make_plan(...)`'s collective in the background, return a Handle."""
-
-    @functools.wraps(make_plan)
-    def start(*args, **kwargs) -> Handle:
-        return _engine().submit([make_plan(*args, **fixed, **kwargs)])
-
-    start.__name__ = start.__qualname__ = name
-    start.__doc__ = f"Start {name.split('_async')[0]}() in the background; return a Handle."
-    start.__signature__ = signature_of(make_plan, fixed, Handle)
-    return start
+def _submit(plans: list, grouped: bool = False) -> Handle:
+    """Queue `plans` on this rank's engine; return their Handle (a list result if `grouped`)."""
+    return _engine().submit(plans, grouped)
 
 
-def _grouped(make_plan: Callable, name: str, **fixed) -> Callable:
-    """Return `name`: start `make_plan`'s collective on every array of a list, as one Handle.
+def _member_names(name, count: int) -> list:
+    """Name the members of a grouped request "<name>.0", "<name>.1", ... (None: unnamed)."""
+    return [None if name is None else f"{name}.{i}" for i in range(count)]
 
-    synchronize() returns the list of results. The arrays are named "<name>.0", "<name>.1", ...
+
+# -- all-reduce -------------------------------------------------------------------------------
+
+
+def allreduce_async(
+    tensor,
+    *,
+    op=None,
+    name=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    algorithm=None,
+    average=None,
+    inplace=False,
+) -> Handle:
+    """Start allreduce() of `tensor` in the background; return a Handle.
+
+    The arguments are allreduce()'s. synchronize() returns a new array, or `tensor` itself
+    with `inplace`, which must not change until then.
+
+    Raises:
+        see horovodlite.asynchronous: submission errors here, the collective's in synchronize().
     """
-
-    def start(tensors, *, name=None, **options) -> Handle:
-        names = [None if name is None else f"{name}.{i}" for i in range(len(tensors))]
-        plans = [make_plan(t, name=n, **fixed, **options) for t, n in zip(tensors, names)]
-        return _engine().submit(plans, grouped=True)
-
-    start.__name__ = start.__qualname__ = name
-    kind = name.split("_async")[0].removeprefix("grouped_")
-    start.__doc__ = (
-        f"Start {kind}() of every array in `tensors` (same options); synchronize() returns "
-        "the list of results."
-    )
-    return start
+    return _submit([allreduce_plan(
+        tensor, op=op, name=name, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, process_set=process_set, algorithm=algorithm,
+        average=average, inplace=inplace,
+    )])  # fmt: skip
 
 
-allreduce_async = _asynchronous(allreduce_plan, "allreduce_async")
-allreduce_async_ = _asynchronous(allreduce_plan, "allreduce_async_", inplace=True)
-grouped_allreduce_async = _grouped(allreduce_plan, "grouped_allreduce_async")
-grouped_allreduce_async_ = _grouped(allreduce_plan, "grouped_allreduce_async_", inplace=True)
-allgather_async = _asynchronous(allgather_plan, "allgather_async")
-grouped_allgather_async = _grouped(allgather_plan, "grouped_allgather_async")
-broadcast_async = _asynchronous(broadcast_plan, "broadcast_async")
-broadcast_async_ = _asynchronous(broadcast_plan, "broadcast_async_", inplace=True)
-reducescatter_async = _asynchronous(reducescatter_plan, "reducescatter_async")
-grouped_reducescatter_async = _grouped(reducescatter_plan, "grouped_reducescatter_async")
-alltoall_async = _asynchronous(alltoall_plan, "alltoall_async")
+def allreduce_async_(
+    tensor,
+    *,
+    op=None,
+    name=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    algorithm=None,
+    average=None,
+) -> Handle:
+    """Start allreduce_() of `tensor` in the background; return a Handle.
+
+    As allreduce_async(..., inplace=True): synchronize() writes the result into `tensor` and
+    returns it.
+    """
+    return allreduce_async(
+        tensor, op=op, name=name, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, process_set=process_set, algorithm=algorithm,
+        average=average, inplace=True,
+    )  # fmt: skip
+
+
+def grouped_allreduce_async(
+    tensors,
+    *,
+    op=None,
+    name=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    algorithm=None,
+    average=None,
+    inplace=False,
+) -> Handle:
+    """Start allreduce_async() of every array in `tensors`, with the same arguments, as one Handle.
+
+    synchronize() returns the list of results, in order. The members are named "<name>.0",
+    "<name>.1", ... (numbered in submission order when `name` is None); the engine fuses them
+    as it fuses any all-reduces.
+
+    Raises:
+        see horovodlite.asynchronous: submission errors here, the collective's in synchronize().
+    """
+    return _submit([
+        allreduce_plan(
+            t, op=op, name=n, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+            process_set=process_set, algorithm=algorithm, average=average, inplace=inplace,
+        )
+        for t, n in zip(tensors, _member_names(name, len(tensors)))
+    ], grouped=True)  # fmt: skip
+
+
+def grouped_allreduce_async_(
+    tensors,
+    *,
+    op=None,
+    name=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    algorithm=None,
+    average=None,
+) -> Handle:
+    """Start allreduce_() of every array in `tensors`: grouped_allreduce_async(inplace=True)."""
+    return grouped_allreduce_async(
+        tensors, op=op, name=name, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, process_set=process_set, algorithm=algorithm,
+        average=average, inplace=True,
+    )  # fmt: skip
+
+
+# -- data movement ----------------------------------------------------------------------------
+
+
+def allgather_async(tensor, *, name=None, process_set=global_process_set) -> Handle:
+    """Start allgather() of `tensor` in the background; return a Handle.
+
+    The arguments are allgather()'s; synchronize() returns the gathered array.
+
+    Raises:
+        see horovodlite.asynchronous: submission errors here, the collective's in synchronize().
+    """
+    return _submit([allgather_plan(tensor, name=name, process_set=process_set)])
+
+
+def grouped_allgather_async(tensors, *, name=None, process_set=global_process_set) -> Handle:
+    """Start allgather() of every array in `tensors` as one Handle.
+
+    synchronize() returns the list of gathered arrays; the members are named "<name>.0",
+    "<name>.1", ...
+
+    Raises:
+        see horovodlite.asynchronous: submission errors here, the collective's in synchronize().
+    """
+    return _submit([
+        allgather_plan(t, name=n, process_set=process_set)
+        for t, n in zip(tensors, _member_names(name, len(tensors)))
+    ], grouped=True)  # fmt: skip
+
+
+def broadcast_async(
+    tensor, root_rank, *, name=None, process_set=global_process_set, inplace=False
+) -> Handle:
+    """Start broadcast() of `tensor` from global rank `root_rank`; return a Handle.
+
+    The arguments are broadcast()'s. synchronize() returns a new array, or `tensor` itself
+    with `inplace`.
+
+    Raises:
+        see horovodlite.asynchronous: submission errors here, the collective's in synchronize().
+    """
+    return _submit([broadcast_plan(
+        tensor, root_rank, name=name, process_set=process_set, inplace=inplace
+    )])  # fmt: skip
+
+
+def broadcast_async_(tensor, root_rank, *, name=None, process_set=global_process_set) -> Handle:
+    """Start broadcast_(): broadcast_async(..., inplace=True), which overwrites `tensor`."""
+    return broadcast_async(tensor, root_rank, name=name, process_set=process_set, inplace=True)
+
+
+def reducescatter_async(
+    tensor,
+    *,
+    op=ReduceOp.AVERAGE,
+    name=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    algorithm=None,
+) -> Handle:
+    """Start reducescatter() of `tensor` in the background; return a Handle.
+
+    The arguments are reducescatter()'s; synchronize() returns this rank's rows.
+
+    Raises:
+        see horovodlite.asynchronous: submission errors here, the collective's in synchronize().
+    """
+    return _submit([reducescatter_plan(
+        tensor, op=op, name=name, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, process_set=process_set, algorithm=algorithm,
+    )])  # fmt: skip
+
+
+def grouped_reducescatter_async(
+    tensors,
+    *,
+    op=ReduceOp.AVERAGE,
+    name=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    algorithm=None,
+) -> Handle:
+    """Start reducescatter() of every array in `tensors`, with the same arguments, as one Handle.
+
+    synchronize() returns the list of this rank's rows of each; the members are named
+    "<name>.0", "<name>.1", ...
+
+    Raises:
+        see horovodlite.asynchronous: submission errors here, the collective's in synchronize().
+    """
+    return _submit([
+        reducescatter_plan(
+            t, op=op, name=n, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+            process_set=process_set, algorithm=algorithm,
+        )
+        for t, n in zip(tensors, _member_names(name, len(tensors)))
+    ], grouped=True)  # fmt: skip
+
+
+def alltoall_async(tensor, splits=None, *, name=None, process_set=global_process_set) -> Handle:
+    """Start alltoall() of `tensor` in the background; return a Handle.
+
+    The arguments are alltoall()'s; synchronize() returns what it returns (the received array,
+    with the received splits when `splits` is given).
+
+    Raises:
+        see horovodlite.asynchronous: submission errors here, the collective's in synchronize().
+    """
+    return _submit([alltoall_plan(tensor, splits, name=name, process_set=process_set)])
+
+
+# -- waiting, and the calls that meet the synchronous world -----------------------------------
 
 
 def poll(handle: Handle) -> bool:

@@ -34,17 +34,21 @@ def _sources() -> dict:
 SOURCES = _sources()
 
 
+def _from_module(module: str, path: pathlib.Path, node: ast.ImportFrom) -> str:
+    """Return the full name of the module a `from ... import` statement in `module` reads."""
+    if not node.level:
+        return node.module
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    parts = package.split(".")
+    package = ".".join(parts[: len(parts) - node.level + 1])
+    return f"{package}.{node.module}" if node.module else package
+
+
 def _imported_modules(module: str, path: pathlib.Path, node) -> list:
     """Return the full names of the modules an import statement in `module` imports."""
     if isinstance(node, ast.Import):
         return [alias.name for alias in node.names]
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    if node.level:
-        parts = package.split(".")
-        package = ".".join(parts[: len(parts) - node.level + 1])
-        base = f"{package}.{node.module}" if node.module else package
-    else:
-        base = node.module
+    base = _from_module(module, path, node)
     # `from pkg import sub` imports the module pkg.sub; `from pkg import name`, pkg itself.
     members = [f"{base}.{alias.name}" for alias in node.names]
     return [name for name in members if name in SOURCES] or [base]
@@ -110,3 +114,45 @@ def test_core_modules_stay_small():
         if (lines := path.read_text().count("\n")) > MAX_MODULE_LINES
     }
     assert long == {}, f"split these modules by concern (at most {MAX_MODULE_LINES} lines)"
+
+
+def _private(name: str) -> bool:
+    """Whether `name` is private: a leading underscore, but not a dunder (`__version__`)."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def test_no_binding_imports_a_private_name_of_horovodlite():
+    """A binding uses the core's and the other bindings' public names only.
+
+    What a binding needs from the core or from another binding module is public there (or moves
+    to horovodlite/training/), so the core can change its private parts without breaking a
+    binding, and a reader sees each module's interface in its public names. Other packages'
+    private names (torch's _BatchNorm) are their own affair.
+    """
+    offenders = []
+    for module, path in SOURCES.items():
+        if not path.is_relative_to(ROOT / "bindings"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _from_module(module, path, node)
+                names = [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            offenders += [
+                f"{module}:{node.lineno} imports {name}"
+                for name in names
+                if name.split(".")[0] == "horovodlite" and any(map(_private, name.split(".")))
+            ]
+    assert offenders == [], "make these public where they live, or move them to the core"
+
+
+def test_the_private_name_check_sees_relative_and_absolute_imports():
+    module, path = "horovodlite.torch.zero", ROOT / "bindings" / "torch" / "zero.py"
+    relative = ast.parse("from .optimizer import _hidden, public").body[0]
+    absolute = ast.parse("from horovodlite.state import _reader").body[0]
+    assert _from_module(module, path, relative) == "horovodlite.torch.optimizer"
+    assert _from_module(module, path, absolute) == "horovodlite.state"
+    assert _private("_hidden") and _private("_state") and not _private("__version__")

@@ -8,6 +8,7 @@ import horovodlite as core
 import torch
 from horovodlite.process_sets import global_process_set
 from horovodlite.training import ReductionSettings, partition
+from horovodlite.training.optimizer_checks import accumulated_too_often, parameter_names
 from horovodlite.training.updates import combine_updates, combines_updates
 
 from .compression import Compression
@@ -27,7 +28,7 @@ class _DistributedMixin:
     def _hvd_setup(self, *, named_parameters, settings: ReductionSettings) -> None:
         self._hvd_settings = settings
         params = [p for group in self.param_groups for p in group["params"]]
-        self._hvd_names = _parameter_names(params, named_parameters)
+        self._hvd_names = parameter_names(params, named_parameters)
         # Frozen parameters get no gradient and take no part (the optimizer skips them), as in
         # Horovod; zeros for them would move them under weight decay or momentum.
         self._hvd_groups = partition([p for p in params if p.requires_grad], settings.grouping)
@@ -60,7 +61,7 @@ class _DistributedMixin:
     def _hvd_gradient_ready(self, param) -> None:
         group = self._hvd_group_of[param]
         if group in self._hvd_pending:
-            raise _accumulated_too_often(self._hvd_names[param], self.backward_passes_per_step)
+            raise accumulated_too_often(self._hvd_names[param], self.backward_passes_per_step)
         self._hvd_synchronized = False
         self._hvd_counts[param] += 1
         if self._hvd_counts[param] == self.backward_passes_per_step:
@@ -205,37 +206,9 @@ class _DistributedMixin:
             self._hvd_counts[param] = 0
 
 
-def _accumulated_too_often(name: str, passes: int) -> core.HorovodLiteError:
-    """The error for a gradient computed once more than `backward_passes_per_step` allows."""
-    return core.HorovodLiteError(
-        f"gradient of {name!r} was computed more than backward_passes_per_step={passes} times "
-        "before step(): raise backward_passes_per_step to accumulate gradients locally"
-    )
-
-
-def _parameter_names(params: list, named_parameters) -> dict:
-    if named_parameters is None:
-        return {p: f"allreduce.noname.{i}" for i, p in enumerate(params)}
-    named = list(named_parameters)
-    if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
-        raise ValueError(
-            "named_parameters must be (name, parameter) pairs, as model.named_parameters() gives"
-        )
-    names = [name for name, _ in named]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        raise ValueError(
-            f"named_parameters has duplicate names {duplicates}: names must be "
-            "unique, since ranks match gradients by name"
-        )
-    by_param = {p: name for name, p in named}
-    missing = [i for i, p in enumerate(params) if p not in by_param]
-    if missing:
-        raise ValueError(
-            f"the optimizer's parameters at positions {missing} are missing from "
-            "named_parameters: pass model.named_parameters() of the model being optimized"
-        )
-    return {p: by_param[p] for p in params}
+def is_distributed(optimizer) -> bool:
+    """Return whether `optimizer` is a DistributedOptimizer already (wrap a plain one once)."""
+    return isinstance(optimizer, _DistributedMixin)
 
 
 def DistributedOptimizer(

@@ -3,25 +3,25 @@ or 1F1B over MPI point-to-point messages, with data parallelism across pipeline 
 
 The schedules, the balance and the checks are framework-free (horovodlite.training.
 pipeline_schedule); this module runs them on tensors. Activations go forward and gradients
-backward as non-blocking MPI messages on a duplicate of the pipeline's communicator, so they can
-never match a collective's. Receives are posted a few operations ahead, and sends are waited for
-at the start of the next step (long complete by then), so transfers overlap compute and no stage
-waits at the end of a step for a neighbour that is still computing. Every wait goes through the
-job's Watch: it honours HOROVODLITE_COLLECTIVE_TIMEOUT and notices ranks that left.
+backward as non-blocking messages on the pipeline's own Channel (horovodlite.training.
+point_to_point), so they can never match a collective's. Receives are posted a few operations
+ahead, and sends are waited for at the start of the next step (long complete by then), so
+transfers overlap compute and no stage waits at the end of a step for a neighbour that is still
+computing. Every wait is the channel's: it honours HOROVODLITE_COLLECTIVE_TIMEOUT and notices
+ranks that left.
 """
 
 import pickle
 import time
 
 import numpy as np
-from mpi4py import MPI
 
 import horovodlite as core
 import torch
-from horovodlite import state as _state
 from horovodlite.agreement import digest
-from horovodlite.process_sets import add_process_set, communicator, global_process_set
+from horovodlite.process_sets import add_process_set, global_process_set
 from horovodlite.training import pipeline_schedule as plan
+from horovodlite.training.point_to_point import Channel
 
 from .functions import allgather_object
 
@@ -31,7 +31,7 @@ _SPEC, _ACTIVATION, _GRADIENT = 1, 2, 3  # message tags on the pipeline's own co
 _SPEC_BYTES = 1 << 16  # room for one pickled spec: shapes and dtypes of a stage's outputs
 _RESERVED = {"stages", "chunks", "schedule", "checkpoint", "stage", "replica", "balance",
              "pipeline_set", "data_parallel_set", "last_step"}  # fmt: skip
-_SETS: dict = {}  # (init generation, size, stages) -> (pipeline set, data-parallel set, comm)
+_SETS: dict = {}  # (size, stages) -> (pipeline set, data-parallel set, Channel)
 
 
 class Pipeline(torch.nn.Module):
@@ -71,15 +71,14 @@ class Pipeline(torch.nn.Module):
         self.stages, self.chunks, self.schedule = stages, chunks, schedule
         self.checkpoint = checkpoint
         self.stage, self.replica, self.balance = where.stage, where.replica, counts
-        self.pipeline_set, self.data_parallel_set, self._comm = _process_sets(where, size)
-        self._members = where.pipeline_ranks
+        self.pipeline_set, self.data_parallel_set, self._channel = _process_sets(where, size)
         first, stop = plan.stage_bounds(counts)[self.stage]
         for name, layer in layers[first:stop]:
             self.add_module(name, layer)
         self._ops = plan.schedule(schedule, stages, chunks, self.stage)
         self._specs: dict = {}  # step key -> (spec received, spec sent)
         self.last_step: dict = {}  # timings of the last step (benchmarks/pipeline.py)
-        self._sends: list = []  # (request, tensor kept alive until sent), across steps
+        self._sends: list = []  # Transfers (each keeps its tensor alive until sent), across steps
         self._waited, self._peak = 0.0, 0
 
     @property
@@ -109,11 +108,11 @@ class Pipeline(torch.nn.Module):
         total = np.array(
             [sum(loss.item() for loss in losses) / self.chunks if self.is_last else 0.0]
         )
-        request = self._comm.Ibcast(total, root=self.stages - 1)
+        transfer = self._channel.ibcast(total, root=self.stages - 1)
         if self.is_last:  # the others receive it when they finish; no need to wait for them
-            self._sends.append((request, total))
+            self._sends.append(transfer)
         else:
-            self._wait(request, "the loss")
+            self._wait(transfer, "the loss")
         self._finish(start)
         return float(total[0])
 
@@ -134,8 +133,8 @@ class Pipeline(torch.nn.Module):
         self._waited = 0.0
         # The last step's sends finished long ago (their receivers waited for them); a stage
         # does not wait for them at the end of its step, where the receiver may be computing.
-        for request, _ in self._sends:
-            self._wait(request, "a send to finish")
+        for transfer in self._sends:
+            self._wait(transfer, "a send to finish")
         self._sends = []
         micro, key, input_error = self._agree_batch(inputs, targets, train)
         if input_error is not None:
@@ -154,7 +153,7 @@ class Pipeline(torch.nn.Module):
         return run.results
 
     def _finish(self, start: float) -> None:
-        self._sends = [(r, wire) for r, wire in self._sends if not r.Test()]
+        self._sends = [transfer for transfer in self._sends if not transfer.test()]
         self.last_step = {"step_s": time.perf_counter() - start, "wait_s": self._waited,
                           "peak_in_flight": self._peak}  # fmt: skip
 
@@ -171,18 +170,16 @@ class Pipeline(torch.nn.Module):
             rows.append(-2)
         signature = digest({"inputs": _signature(inputs)}) if rows[0] >= 0 else 0
         table = np.empty((self.stages, 3), dtype=np.int64)
-        self._wait(self._comm.Iallgather(np.array([*rows, signature], np.int64), table), "a step")
+        own = np.array([*rows, signature], np.int64)
+        self._wait(self._channel.iallgather(own, table), "a step")
         micro, error = plan.check_batch_table(table[:, :2].tolist(), self.chunks)
         return micro, (train, micro, int(table[0, 2])), own_error or error
 
-    def _wait(self, request, what: str) -> float:
-        """Wait for `request` with the job's Watch; return the seconds waited (also counted)."""
+    def _wait(self, transfer, what: str) -> float:
+        """Wait for `transfer` (the channel's checks); return the seconds waited (also counted)."""
         start = time.perf_counter()
-        if not request.Test():
-            about = f"pipeline stage {self.stage} waiting for {what}"
-            _state.current().watch.wait(
-                request, lambda: (about, digest({"pipeline": about})), self._members
-            )
+        if not transfer.test():
+            transfer.wait(f"pipeline stage {self.stage} waiting for {what}")
         waited = time.perf_counter() - start
         self._waited += waited
         return waited
@@ -193,10 +190,10 @@ class _Run:
 
     def __init__(self, pipe: Pipeline, train: bool, loss_fn):
         self.pipe, self.train, self.loss_fn = pipe, train, loss_fn
-        self.comm, self.stage = pipe._comm, pipe.stage
+        self.channel, self.stage = pipe._channel, pipe.stage
         self.inputs = self.targets = self.specs = self.new_spec = None
         self.held: dict = {}  # micro-batch -> (input, received tensors, outputs, loss, RNG state)
-        self.receives: dict = {}  # (kind, micro) -> (request, tensors)
+        self.receives: dict = {}  # (kind, micro) -> (transfers, tensors)
         self.results: list = []  # losses (train) or outputs (eval) on the last stage
         self.peak = 0
         self.params = [p for p in pipe.parameters() if p.requires_grad]
@@ -210,7 +207,7 @@ class _Run:
         pipe, error, received, sent = self.pipe, None, None, None
         if not pipe.is_first:
             buffer = bytearray(_SPEC_BYTES)
-            self._wait(self.comm.Irecv(buffer, self.stage - 1, _SPEC), "a spec")
+            self._wait(self.channel.irecv(buffer, self.stage - 1, _SPEC), "a spec")
             received = pickle.loads(buffer)
         if isinstance(received, str):  # an earlier stage failed: pass the news on
             sent = received
@@ -235,7 +232,7 @@ class _Run:
                 )
                 sent = f"stage {self.stage}: ValueError: {error}"
                 data = pickle.dumps(sent)
-            pipe._sends.append((self.comm.Isend(data, self.stage + 1, _SPEC), data))
+            pipe._sends.append(self.channel.isend(data, self.stage + 1, _SPEC))
             if error is None and not isinstance(sent, str):
                 self.send(_flat(outputs), _ACTIVATION, self.stage + 1)
         _raise_everywhere(error, 0, pipe.pipeline_set)
@@ -265,23 +262,24 @@ class _Run:
 
     def receive(self, specs: list, source: int, tag: int) -> tuple:
         tensors = [torch.empty(shape, dtype=getattr(torch, dtype)) for shape, dtype, _ in specs]
-        requests = [self.comm.Irecv(_bytes(t), source, tag) for t in tensors]
-        return requests, tensors
+        transfers = [self.channel.irecv(_bytes(t), source, tag) for t in tensors]
+        return transfers, tensors
 
     def arrived(self, op) -> list:
-        requests, tensors = self.receives.pop(op)
+        transfers, tensors = self.receives.pop(op)
         what = f"{'activations' if op.kind == 'F' else 'gradients'} of micro-batch {op.micro}"
-        for request in requests:
-            self._wait(request, what)
+        for transfer in transfers:
+            self._wait(transfer, what)
         return [t.to(self.device) for t in tensors]
 
     def send(self, tensors: list, tag: int, dest: int) -> None:
         for tensor in tensors:
             wire = tensor.detach().to("cpu").contiguous()
-            self.pipe._sends.append((self.comm.Isend(_bytes(wire), dest, tag), wire))
+            # The Transfer keeps the array, a view that keeps `wire` alive until it is sent.
+            self.pipe._sends.append(self.channel.isend(_bytes(wire), dest, tag))
 
-    def _wait(self, request, what: str) -> float:
-        return self.pipe._wait(request, what)
+    def _wait(self, transfer, what: str) -> float:
+        return self.pipe._wait(transfer, what)
 
     def forward(self, m: int):
         pipe = self.pipe
@@ -415,16 +413,20 @@ def _kind(error: Exception) -> str:
 
 
 def _process_sets(where: plan.Layout, size: int) -> tuple:
-    """Return (pipeline set, data-parallel set, the pipeline's own communicator) for this rank.
+    """Return (pipeline set, data-parallel set, the pipeline's own Channel) for this rank.
 
     Every rank registers every set, in the same order. One layout's sets are made once per
-    init() and shared by the pipelines that use it.
+    init() (the channel says whether its init() is still the job's) and shared by the pipelines
+    that use it.
     """
-    state = _state.current()
     stages = len(where.pipeline_ranks)
-    key = (state.generation, size, stages)
+    key = (size, stages)
     found = _SETS.get(key)
-    if found is not None and all(s.process_set_id is not None for s in found[:2]):
+    if (
+        found is not None
+        and found[2].current
+        and all(s.process_set_id is not None for s in found[:2])
+    ):
         return found
     pipelines = [global_process_set] if stages == size else [
         add_process_set(list(r)) for r in where.all_pipelines]  # fmt: skip
@@ -432,8 +434,7 @@ def _process_sets(where: plan.Layout, size: int) -> tuple:
         add_process_set(list(r)) for r in where.all_data_parallel]  # fmt: skip
     pipeline_set = pipelines[0 if stages == size else where.replica]
     parallel_set = parallel[0 if stages == 1 else where.stage]
-    comm, _ = communicator(pipeline_set)
-    _SETS[key] = found = (pipeline_set, parallel_set, comm.Dup())
+    _SETS[key] = found = (pipeline_set, parallel_set, Channel(pipeline_set))
     return found
 
 
@@ -501,9 +502,9 @@ def _check_loss(loss) -> None:
         )
 
 
-def _bytes(tensor: torch.Tensor):
-    """Return a CPU tensor's memory as an MPI byte buffer (any dtype, bfloat16 too)."""
-    return [tensor.view(-1).view(torch.uint8).numpy(), MPI.BYTE]
+def _bytes(tensor: torch.Tensor) -> np.ndarray:
+    """Return a contiguous CPU tensor's memory as a uint8 array (any dtype, bfloat16 too)."""
+    return tensor.view(-1).view(torch.uint8).numpy()
 
 
 def _cuda(device: torch.device) -> list:

@@ -31,10 +31,8 @@ import os
 import sys
 
 import numpy as np
-from mpi4py.util import pkl5
 
 import torch
-from horovodlite import state as _state
 from horovodlite.training.ps import checkpoint, layout, startup
 from horovodlite.training.ps.server import ServerLoop
 from horovodlite.training.ps.stats import job_report
@@ -78,17 +76,16 @@ def start(model: torch.nn.Module, optimizer, servers: int = 1, staleness=None,
             an optimizer that cannot run on a shard (LBFGS), parameters that differ on the ranks,
             checkpoints written for another model or server count.
     """
-    job_state = _state.current()
-    settings = job_state.settings
-    comm = pkl5.Intracomm(job_state.comm.Dup())
+    context = startup.open_job()
+    comm = context.comm
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     sparse_names = _sparse_embeddings(model)
     error = None
     root = None
     try:
         startup.check_settings(comm.size, servers, staleness)
-        root = checkpoint.checkpoint_root(checkpoint_every, checkpoint_dir, settings.elastic_dir,
-                                          settings.elastic_job_id)  # fmt: skip
+        root = checkpoint.checkpoint_root(checkpoint_every, checkpoint_dir, context.elastic_dir,
+                                          context.elastic_job_id)  # fmt: skip
         _check_parameters(named)
         _check_optimizer(optimizer, named[0][1].dtype, "optimizer", sparse=False)
         if sparse_names:
@@ -124,7 +121,7 @@ def start(model: torch.nn.Module, optimizer, servers: int = 1, staleness=None,
         job = Server(comm, shard, params, optimizer, sparse_optimizer or optimizer,
                      worker_ranks, peers, staleness, silence, files, version, steps)  # fmt: skip
     else:
-        timeout = settings.collective_timeout if timeout is None else timeout
+        timeout = context.timeout if timeout is None else timeout
         job = Worker(comm, model, params, shards, server_ranks, peers, sparse_names, named,
                      timeout, root is not None)  # fmt: skip
         # Synchronous steps are the servers' updates; otherwise each worker's own.

@@ -15,12 +15,13 @@ import horovodlite as core
 import torch
 from horovodlite.process_sets import global_process_set
 from horovodlite.training import ReductionSettings
+from horovodlite.training.optimizer_checks import accumulated_too_often, parameter_names
 from horovodlite.training.sharding import plan_buckets
 
 from .compression import Compression
 from .functions import allgather_object
 from .mpi_ops import allreduce, allreduce_async_, reducescatter_async, synchronize
-from .optimizer import _accumulated_too_often, _DistributedMixin, _parameter_names
+from .optimizer import is_distributed
 from .tensors import TensorView
 
 __all__ = ["ZeroOptimizer"]
@@ -109,7 +110,7 @@ class _ZeroMixin:
         bucket = self._zero_bucket_of[param]
         if bucket in self._zero_pending:
             passes = self._zero_settings.backward_passes_per_step
-            raise _accumulated_too_often(self._zero_names[param], passes)
+            raise accumulated_too_often(self._zero_names[param], passes)
         self._zero_synchronized = False
         self._zero_had.add(param)
         self._zero_counts[param] += 1
@@ -453,7 +454,7 @@ def ZeroOptimizer(
         TypeError: an optimizer that does not update elementwise, or one already wrapped.
         ValueError: a bad argument, or models that differ across ranks (on every rank).
     """
-    if isinstance(optimizer, (_ZeroMixin, _DistributedMixin)):
+    if isinstance(optimizer, _ZeroMixin) or is_distributed(optimizer):
         kind = "Zero" if isinstance(optimizer, _ZeroMixin) else "Distributed"
         raise TypeError(
             f"the optimizer is already a {kind}Optimizer: wrap the plain torch optimizer once"
@@ -476,7 +477,7 @@ def ZeroOptimizer(
     for i, param in enumerate(params):
         if not param.is_contiguous():
             raise ValueError(f"parameter {i} is not contiguous: ZeroOptimizer shards flat views")
-    names = _parameter_names(params, named_parameters)
+    names = parameter_names(params, named_parameters)
     existing = optimizer.state_dict() if optimizer.state else None
     cls = type(optimizer.__class__.__name__, (_ZeroMixin, optimizer.__class__), {})
     zero = cls.__new__(cls)

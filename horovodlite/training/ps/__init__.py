@@ -3,7 +3,8 @@
 `layout` decides which server holds which rows of which parameter, `clocks` the consistency rule
 (asynchronous, bounded staleness, synchronous), `server` and `worker` the two sides of the
 messages (`protocol`), `waits` waiting without a busy core and telling a dead peer, `stats` what
-the servers measure, `startup` the roles and the checks every rank agrees on before training.
+the servers measure, `startup` the job's communicator, the roles and the checks every rank
+agrees on before training.
 """
 
 from .clocks import Clocks

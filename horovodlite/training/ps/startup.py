@@ -1,18 +1,43 @@
-"""Before training: who serves and who works, and the checks every rank must agree on.
+"""Before training: the job's communicator, who serves and who works, and the agreed checks.
 
-Each rank checks what it can alone, then one allgather on the job's communicator shares every
-rank's error and facts, so a mistake found on one rank (an unknown optimizer, parameters that
-differ) raises the same exception on every rank before any training message.
+`open_job` takes what the servers need from the initialized job: a communicator of their own (a
+point_to_point.Channel's) and the settings. Each rank checks what it can alone, then one
+allgather on that communicator shares every rank's error and facts, so a mistake found on one
+rank (an unknown optimizer, parameters that differ) raises the same exception on every rank
+before any training message.
 """
 
 import socket
-from typing import Optional
+from typing import NamedTuple, Optional
+
+from mpi4py.util import pkl5
 
 from horovodlite.exceptions import HorovodLiteError
+from horovodlite.state import current
 
-__all__ = ["roles", "check_settings", "agree", "check_same_parameters", "host_facts"]
+from ..point_to_point import Channel
+
+__all__ = ["Job", "open_job", "roles", "check_settings", "agree", "check_same_parameters",
+           "host_facts"]  # fmt: skip
 
 _KINDS = {"TypeError": TypeError, "ValueError": ValueError}
+
+
+class Job(NamedTuple):
+    """What the parameter servers take from the initialized job."""
+
+    comm: pkl5.Intracomm  # the servers' and workers' own communicator (all of the job's ranks)
+    timeout: float  # HOROVODLITE_COLLECTIVE_TIMEOUT: how long a worker waits for a server
+    elastic_dir: Optional[str]  # under horovodlite-run's elastic mode: its folder and job id
+    elastic_job_id: Optional[str]
+
+
+def open_job() -> Job:
+    """Return the job's facts and a private communicator of its ranks; every rank calls it."""
+    channel = Channel()  # a duplicate of the job's communicator: no other message matches
+    settings = current().settings
+    return Job(pkl5.Intracomm(channel.comm), channel.timeout, settings.elastic_dir,
+               settings.elastic_job_id)  # fmt: skip
 
 
 def roles(size: int, servers: int) -> tuple:
