@@ -4,8 +4,7 @@ An algorithm runs on one flat contiguous buffer. Host arrays are used in place w
 allowed, else copied; GPU arrays stay on the GPU when the transport that moves them carries GPU
 buffers (NCCL, a CUDA-aware MPI; transport.py) and are staged through host memory when it does
 not: through a reused page-locked (pinned) host buffer, which the GPU copies to and from at the
-link's speed, where pageable memory takes a bounce through a driver buffer (a tenth of it on
-the first GPU run: docs/gpu.md).
+link's speed, where pageable memory takes a bounce through a driver buffer (docs/gpu.md).
 """
 
 import threading

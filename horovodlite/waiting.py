@@ -65,8 +65,8 @@ _REASONS = {LEFT_SHUTDOWN: "called hvd.shutdown()", LEFT_EXIT: "exited"}
 # Test, yielding the core between tests, this long before sleeping: a fast collective ends
 # here with no added latency (a yield returns at once where no other process waits for the
 # core), and where ranks outnumber cores the rank being waited for gets to run at once, where a
-# sleep would oversleep it (time.sleep(20e-6) takes 60 µs or more) and a plain spin would hold
-# the core it needs. Measured at 4 ranks on 2 cores, 1 KiB all-reduce: see docs/benchmarks.md.
+# short sleep would oversleep it and a plain spin would hold the core it needs (figures: docs/
+# benchmarks.md, "Figures behind the code's constants").
 _YIELD_SECONDS = 2e-3
 _FIRST_SLEEP, _MAX_SLEEP = 20e-6, 1e-3
 _LONG_WAIT, _LONG_SLEEP = 1.0, 10e-3  # after a second, test less often: nobody is close

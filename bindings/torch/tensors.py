@@ -75,5 +75,7 @@ def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
 
 def _from_numpy(array: np.ndarray) -> torch.Tensor:
     if array.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
+        # (ascontiguousarray makes a 0-d array 1-d: the shape is put back)
+        bits = np.ascontiguousarray(array).view(np.int16).reshape(array.shape)
+        return torch.from_numpy(bits).view(torch.bfloat16)
     return torch.from_numpy(array)

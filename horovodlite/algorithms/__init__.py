@@ -46,14 +46,12 @@ ALLREDUCE = {
 }
 REDUCESCATTER = {"ring": ring_reducescatter, "mpi": mpi_reducescatter}
 
-# Up to this size the MPI library's own all-reduce (in C) wins: latency dominates, and on shared
-# memory MPICH beat the Python ring at 2, 3 and 4 ranks up to 1 MiB; above it the ring's bandwidth
-# optimality wins. Measured in docs/benchmarks.md (crossover).
+# Up to this size the MPI library's own all-reduce (in C) wins: latency dominates; above it the
+# ring's bandwidth optimality wins (docs/benchmarks.md, "Crossover and the default choice").
 SMALL_MESSAGE_BYTES = 1024 * 1024
 
 # From this result size the all-gather runs around the ring; below it MPI_Allgatherv, whose
-# logarithmic algorithms have the lower latency. MPICH's MPI_Allgatherv was slower than the
-# ring from 64 KiB at 2 ranks on shared memory (29 against 16 µs) and 2 to 10x slower above.
+# logarithmic algorithms have the lower latency (docs/algorithms.md has the crossover).
 RING_ALLGATHER_BYTES = 64 * 1024
 
 
@@ -72,8 +70,8 @@ def choose(requested, table: dict, nbytes: int, dtype, xp, comm=None) -> str:
     """Return the algorithm to run: `requested` if given, else by message size and topology.
 
     Above SMALL_MESSAGE_BYTES the default is the hierarchical all-reduce where `comm` spans
-    several hosts with several ranks each (1.3 to 1.5x faster than the flat ring there,
-    docs/algorithms.md), else the ring. Asking about `comm` is collective the first time.
+    several hosts with several ranks each (faster than the flat ring there: docs/algorithms.md),
+    else the ring. Asking about `comm` is collective the first time.
     """
     if requested is not None:
         if requested not in table:
@@ -96,9 +94,9 @@ def allgatherv(comm, own, out, counts: list, wire, segment_bytes: int, hierarchi
     `own` is this rank's part, or None where it already sits in `out`. `hierarchical` (the
     HIERARCHICAL_ALLGATHER setting: True, False or None for the default) asks for the gather
     host by host; the default gathers results above SMALL_MESSAGE_BYTES host by host where the
-    ranks of each host are consecutive and there are several hosts with several ranks (1.4x
-    faster than the flat ring from 4 MiB on 2 hosts x 2 ranks), other large results around
-    the ring, and small ones with MPI_Allgatherv.
+    ranks of each host are consecutive and there are several hosts with several ranks (faster
+    than the flat ring there: docs/benchmarks.md), other large results around the ring, and
+    small ones with MPI_Allgatherv.
     """
     if hierarchical is None and out.nbytes > SMALL_MESSAGE_BYTES:
         hierarchical = gathers_by_host(comm)

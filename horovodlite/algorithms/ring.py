@@ -58,12 +58,11 @@ def _segments(start: int, stop: int, step: int, cuts=()):
 
 
 # A request that crosses the network is tested, yielding the core between tests, for
-# _SPIN_SECONDS (on a fast link a segment arrives within it: 1 MiB takes 84 µs at 100 Gbit/s),
-# then between sleeps that double up to _MAX_SLEEP. The sleeps stay short because MPI moves
-# data only while it is called: a test refills the socket's buffer, which at 1 Gbit/s drains in
-# a millisecond or two. Sleeps that grew with the wait (up to 1/16 of it) left the link idle:
-# 2.8 to 4.3 img/s on 4 simulated hosts, against 7.7 to 7.8 with these and 6.7 to 7.1 spinning
-# (docs/training-speed.md).
+# _SPIN_SECONDS (on a fast link a segment arrives within it), then between sleeps that double up
+# to _MAX_SLEEP. The sleeps stay short because MPI moves data only while it is called: a test
+# refills the socket's buffer, which a slow link drains in a millisecond or two; sleeps that grew
+# with the wait left the link idle (figures: docs/benchmarks.md, "Figures behind the code's
+# constants").
 _SPIN_SECONDS, _FIRST_SLEEP, _MAX_SLEEP = 200e-6, 20e-6, 200e-6
 
 # Communicator -> whether all its ranks share one host; learnt at its first ring (a collective
