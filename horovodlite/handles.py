@@ -20,13 +20,12 @@ __all__ = ["Finished", "Handle", "Request"]
 class Request:
     """One submitted collective on this rank, until it finishes."""
 
-    __slots__ = ("plan", "key", "_fingerprint", "submitted", "agreed", "waited", "result",
-                 "error", "finished", "__weakref__")  # fmt: skip
+    __slots__ = ("plan", "key", "_fingerprint", "submitted", "waited", "result", "error",
+                 "finished", "__weakref__")  # fmt: skip
 
     def __init__(self, plan: Plan, key: tuple, submitted: float, fingerprint: int = None):
         self.plan, self.key, self._fingerprint = plan, key, fingerprint
         self.submitted = submitted  # time.monotonic() at submission
-        self.agreed = None
         self.waited = None  # when a thread of this rank began to wait for it in synchronize()
         self.result = self.error = None
         self.finished = False

@@ -8,7 +8,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from horovodlite.agreement import FAILED, AgreedCache, digest
+from horovodlite.agreed_cache import AgreedCache
+from horovodlite.agreement import FAILED, digest
 from horovodlite.handles import Finished, Handle, Request
 from horovodlite.plan import Plan, templates
 from horovodlite.wakeup import Wakeup
