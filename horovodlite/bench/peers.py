@@ -24,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from horovodlite.hosts import interface_address
+from horovodlite.run.cli import environment
 
 __all__ = ["ALL_CONTENDERS", "COLLECTIVES", "Case", "Contender", "make_contenders", "pattern"]
 
@@ -119,19 +120,9 @@ class Contender:
     def case(self, collective: str, count: int) -> Case:
         raise NotImplementedError
 
-    @contextlib.contextmanager
     def environment(self):
         """Set this contender's environment variables for the duration of the block."""
-        saved = {key: os.environ.get(key) for key in self.env}
-        os.environ.update(self.env)
-        try:
-            yield
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        return environment(self.env)
 
     def close(self) -> None:
         """Release what the contender started."""

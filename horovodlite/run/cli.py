@@ -47,7 +47,7 @@ from .mpi_launcher import (
     srun_command,
 )
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "environment", "main"]
 
 _EPILOG = """\
 settings reach every rank as environment variables:
@@ -385,8 +385,9 @@ def _survive_rank_exits(launcher: str) -> list:
 
 
 @contextlib.contextmanager
-def _environment(variables: dict):
-    """Set `variables` in os.environ for the block (main() may run inside a user's process)."""
+def environment(variables: dict):
+    """Set `variables` in os.environ for the block, then restore what was there (main() may run
+    inside a user's process; the benchmark's contenders take turns in one)."""
     saved = {name: os.environ.get(name) for name in variables}
     os.environ.update(variables)
     try:
@@ -428,7 +429,7 @@ def main(argv: list | None = None) -> int:
             return _run_elastic(args, settings, mpi_args)
         # The watch's folder reaches the ranks of this host through the environment they
         # inherit, not the command line: ranks elsewhere cannot write to it.
-        with ExitWatch() as watch, _environment(watch.environment):
+        with ExitWatch() as watch, environment(watch.environment):
             run = _run_simulated if args.simulated_hosts is not None else _run
             status = run(args, settings, mpi_args)
             message = watch.message() if status != 0 else None
