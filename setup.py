@@ -9,7 +9,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # bindings/<framework> installs as horovodlite.<framework>; only those present are packaged.
 BINDINGS = [
     name
-    for name in ("torch", "tensorflow", "keras", "lightning")
+    for name in ("torch", "tensorflow", "keras", "lightning", "jax")
     if os.path.isfile(os.path.join(HERE, "bindings", name, "__init__.py"))
 ]
 packages = find_packages(include=["horovodlite", "horovodlite.*"])
@@ -34,6 +34,7 @@ extras = {
     "torch": ["torch>=2.1"],
     "tensorflow": ["tensorflow>=2.16", "keras>=3"],
     "lightning": ["torch>=2.1", "pytorch-lightning>=2.6"],
+    "jax": ["jax>=0.10", "optax>=0.2.8"],
     "test": ["pytest>=7", "pytest-timeout", "hypothesis"],
     "docs": ["mkdocs>=1.5"],
     "bench": ["matplotlib", "tqdm"],

@@ -40,6 +40,10 @@ TENSORFLOW_3 = ["rank_keras.py", "rank_equivalence_keras.py", "rank_equivalence_
                 *TENSORFLOW[1:]]  # fmt: skip
 # torch.compile costs seconds per rank: the compiled model is checked at 2 ranks only.
 COMPILED = "test_compiled_model_trains_as_the_uncompiled_one"
+# JAX takes seconds per rank to import and compiles every jitted case: its modules run together,
+# at 2 and 3 ranks (70 and 100 s on 2 cores), and training against one process alone at 1 rank
+# (15 s). At 4 ranks (2 minutes, oversubscribed) they are run by hand.
+JAX = ["rank_jax.py", "rank_gradients_jax.py", "rank_jax_equivalence.py"]
 
 # (name, modules, rank count, tests left out as a -k expression): one launch each.
 LAUNCHES = [
@@ -60,6 +64,10 @@ LAUNCHES = [
     # its own (mixed precision), so it runs alone. At 3 ranks (odd, a last group of one batch):
     # test_examples_lightning.py trains, tests and checkpoints at 2.
     ("lightning", ["rank_lightning.py"], 3, "")
+] + [
+    ("jax", JAX, np, "") for np in (2, 3)
+] + [
+    ("jax-equivalence", ["rank_jax_equivalence.py"], 1, "")
 ] + [
     # Without an NVIDIA driver these skip (below); the parameter server tests are run as before.
     (module[: -len(".py")], [module], np, "") for module in ("rank_gpu.py", "rank_ps.py")

@@ -1,0 +1,399 @@
+"""horovodlite.jax on every rank: collectives eagerly and inside jax.jit against numpy oracles,
+errors on every rank, what JAX cannot do (vmap, handles in a trace), and DistributedOptimizer.
+"""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from oracle import everyone, rank_values, reduce_expected
+
+jax = pytest.importorskip("jax")
+optax = pytest.importorskip("optax")
+jax.config.update("jax_enable_x64", True)  # float64 and int64 arrays, as the other tests use
+import horovodlite.jax as hvd  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, ml_dtypes.bfloat16,
+          np.float32, np.float64]  # fmt: skip
+OPS = [hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product]
+MODES = ["eager", "jit"]
+
+
+def run(mode: str, fn, *args):
+    """Call `fn(*args)` eagerly or as a jitted function; return numpy results."""
+    out = (jax.jit(fn) if mode == "jit" else fn)(*args)
+    return jax.tree.map(np.asarray, out)
+
+
+def raised_everywhere(call, *fragments) -> str:
+    """Run `call`, which must raise on every rank (inside jit, JAX's RuntimeError wraps the
+    collective's error); check its text names `fragments`; return the text."""
+    with pytest.raises(RuntimeError) as info:
+        call()
+    text = str(info.value)
+    for fragment in fragments:
+        assert fragment in text, f"{fragment!r} missing from: {text[-2000:]}"
+    return text
+
+
+class JittedCall:
+    """A jitted function and its arguments, called to the end of its computation."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = jax.jit(fn), args
+
+    def __call__(self):
+        return jax.block_until_ready(self.fn(*self.args))
+
+
+def still_in_step() -> None:
+    n = hvd.size()
+    assert float(hvd.allreduce(jnp.ones(()), op=hvd.Sum, name="after.error")) == n
+    assert hvd.allgather_object(hvd.rank()) == list(range(n))
+
+
+# -- all-reduce -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_allreduce_every_dtype_and_op(dtype, mode):
+    r = hvd.rank()
+    x = rank_values((3, 4), dtype, r)
+    inputs = everyone(x)
+    for op in OPS:
+        for pre, post in ((1.0, 1.0), (0.5, 3.0)):
+            out = run(mode, lambda a, op=op, pre=pre, post=post: hvd.allreduce(
+                a, op=op, prescale_factor=pre, postscale_factor=post), jnp.asarray(x))  # fmt: skip
+            expected = reduce_expected(inputs, op, pre, post)
+            assert out.dtype == expected.dtype
+            if op == hvd.Average or post != 1.0:
+                tolerance = 2e-2 if np.dtype(dtype).itemsize == 2 else 1e-6
+                if np.dtype(dtype).kind in "iu":
+                    tolerance = 1  # scaled in float64 and truncated: one unit at most
+                np.testing.assert_allclose(out.astype(float), expected.astype(float),
+                                           rtol=tolerance, atol=tolerance)  # fmt: skip
+            else:
+                np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_grouped_allreduce_mixed_dtypes_and_async(mode):
+    n, r = hvd.size(), hvd.rank()
+    tensors = [jnp.ones(3), jnp.full((2, 2), r, dtype=jnp.int32), jnp.arange(2.0)]
+    out = run(mode, lambda ts: hvd.grouped_allreduce(ts, op=hvd.Sum, name="g"), tensors)
+    assert out[0].tolist() == [n] * 3
+    assert out[1].dtype == np.int32 and out[1].tolist() == [[n * (n - 1) // 2] * 2] * 2
+    assert out[2].tolist() == [0.0, n]
+    assert run(mode, lambda ts: hvd.grouped_allreduce(ts), []) == []
+    handle = hvd.grouped_allreduce_async([jnp.ones(1), jnp.ones(2)], name="ga", op=hvd.Sum)
+    assert [o.tolist() for o in hvd.synchronize(handle)] == [[n], [n, n]]
+    handle = hvd.allreduce_async(jnp.full((2,), float(r)), name="a.async")
+    assert hvd.synchronize(handle).tolist() == [(n - 1) / 2] * 2 and hvd.poll(handle)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_compression_round_trip(mode):
+    n = hvd.size()
+    x = jnp.full((4,), 1.5, dtype=jnp.float32)
+    for compression in (hvd.Compression.fp16, hvd.Compression.bf16):
+        out = run(mode, lambda a, c=compression: hvd.allreduce(a, op=hvd.Sum, compression=c), x)
+        assert out.dtype == np.float32 and out.tolist() == [1.5 * n] * 4
+    ints = jnp.ones(2, dtype=jnp.int32)
+    compressed = run(mode, lambda a: hvd.allreduce(a, compression=hvd.Compression.fp16), ints)
+    assert compressed.dtype == np.int32
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_process_set_of_even_ranks(mode):
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    even = hvd.add_process_set(list(range(0, n, 2)))
+    try:
+        if r % 2 == 0:
+            out = run(mode, lambda a: hvd.allreduce(a, op=hvd.Sum, process_set=even),
+                      jnp.full((2,), float(r)))  # fmt: skip
+            assert out.tolist() == [float(sum(range(0, n, 2)))] * 2
+            gathered = run(mode, lambda a: hvd.allgather(a, process_set=even), jnp.ones((1, 2)))
+            assert gathered.shape == (len(range(0, n, 2)), 2)
+    finally:
+        hvd.remove_process_set(even)
+
+
+def test_mismatched_shape_inside_jit_raises_on_every_rank():
+    r = hvd.rank()
+    if hvd.size() == 1:
+        pytest.skip("needs two ranks")
+    call = JittedCall(lambda a: hvd.allreduce(a, name="bad.shape"), jnp.ones(3 + (r == 1)))
+    raised_everywhere(call, "rank 1", "(4,)")
+    still_in_step()
+
+
+# -- allgather, broadcast, reduce-scatter, alltoall --------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allgather_uneven_rows(mode):
+    r, n = hvd.rank(), hvd.size()
+    rows = [k + 1 for k in range(n)]
+    x = jnp.full((r + 1, 2), float(r))
+    out = run(mode, lambda a: hvd.allgather(a, rows=rows), x)
+    assert out[:, 0].tolist() == [float(k) for k in range(n) for _ in range(k + 1)]
+    equal = run(mode, hvd.allgather, jnp.full((2,), r, dtype=jnp.int64))
+    assert equal.tolist() == [k for k in range(n) for _ in range(2)]
+    first, second = run(mode, lambda a, b: hvd.grouped_allgather([a, b], rows=[None, rows]),
+                        jnp.ones((1, 3)), x)  # fmt: skip
+    assert first.shape == (n, 3) and second.shape == (sum(rows), 2)
+    handle = hvd.grouped_allgather_async([jnp.ones(1), jnp.ones(r)], name="gag")
+    a, b = hvd.synchronize(handle)
+    assert a.shape[0] == n and b.shape[0] == sum(range(n))
+    assert hvd.synchronize(hvd.allgather_async(x)).shape == (sum(rows), 2)
+
+
+def test_allgather_rows_that_differ_from_the_trace_raise_on_every_rank():
+    r, n = hvd.rank(), hvd.size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    call = JittedCall(lambda a: hvd.allgather(a, name="bad.rows"), jnp.ones((r + 1, 2)))
+    held = [k + 1 for k in range(n)]
+    raised_everywhere(call, "fixed when traced", f"hold {held}", f"rows={held}")
+    still_in_step()
+    with pytest.raises(ValueError, match=f"rows has {n + 1} entries"):
+        hvd.allgather(jnp.ones(1), rows=[1] * (n + 1))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_broadcast(mode):
+    r, n = hvd.rank(), hvd.size()
+    root = n - 1
+    out = run(mode, lambda a: hvd.broadcast(a, root), jnp.arange(3) * (r + 1))
+    assert out.tolist() == [0, n, 2 * n]
+    handle = hvd.broadcast_async(jnp.full((1,), float(r)), 0, name="b.async")
+    assert hvd.synchronize(handle).tolist() == [0.0]
+
+
+def test_bad_root_raises_on_every_rank():
+    n = hvd.size()
+    call = JittedCall(lambda a: hvd.broadcast(a, n + 3, name="bad.root"), jnp.ones(2))
+    raised_everywhere(call, f"root_rank {n + 3}")
+    still_in_step()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reducescatter_uneven_rows(mode):
+    r, n = hvd.rank(), hvd.size()
+    rows = 2 * n + 1
+    out = run(mode, lambda a: hvd.reducescatter(a, op=hvd.Sum), jnp.ones((rows, 3)))
+    assert out.shape == (rows // n + (1 if r < rows % n else 0), 3)
+    assert np.unique(out).tolist() == [float(n)]
+    both = run(mode, lambda a, b: hvd.grouped_reducescatter([a, b]),
+               jnp.full((n, 1), 2.0), jnp.ones((n + 1,)))  # fmt: skip
+    assert both[0].tolist() == [[2.0]]
+    assert both[1].shape == ((n + 1) // n + (1 if r < (n + 1) % n else 0),)
+    averaged = hvd.synchronize(hvd.reducescatter_async(jnp.full((n, 1), 2.0), name="rs"))
+    assert averaged.tolist() == [[2.0]]
+    pair = hvd.synchronize(hvd.grouped_reducescatter_async([jnp.ones((n,))], op=hvd.Sum))
+    assert pair[0].tolist() == [float(n)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alltoall_even_and_with_splits(mode):
+    r, n = hvd.rank(), hvd.size()
+    out = run(mode, hvd.alltoall, jnp.arange(2 * n) + 100 * r)
+    assert out.tolist() == [100 * k + 2 * r + j for k in range(n) for j in range(2)]
+    splits = [r + 1 if k == (r + 1) % n else 0 for k in range(n)]
+    sender = (r - 1) % n
+    expected = [sender + 1 if k == sender else 0 for k in range(n)]
+    x = jnp.full((sum(splits), 2), float(r))
+    received, received_splits = run(
+        mode, lambda a: hvd.alltoall(a, splits, received_splits=expected), x
+    )
+    assert received_splits.dtype == np.int32 and received_splits.tolist() == expected
+    assert received[:, 0].tolist() == [float(sender)] * (sender + 1)
+    out, got = hvd.synchronize(hvd.alltoall_async(x, splits, name="a2a.async"))
+    assert got.tolist() == expected and out.shape == (sender + 1, 2)
+
+
+def test_alltoall_splits_that_differ_from_the_trace_raise_on_every_rank():
+    r, n = hvd.rank(), hvd.size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    # Every rank sends all its rows to rank 0, and wrongly expects one row from each rank.
+    splits = [r + 1] + [0] * (n - 1)
+    call = JittedCall(lambda a: hvd.alltoall(a, splits, received_splits=[1] * n),
+                      jnp.ones((r + 1,)))  # fmt: skip
+    raised_everywhere(call, "expected [1", "received_splits must hold")
+    indivisible = JittedCall(hvd.alltoall, jnp.ones((n + (r == 0),)))
+    raised_everywhere(indivisible, "rank 0's", "do not divide")
+    still_in_step()
+    with pytest.raises(TypeError, match="needs received_splits"):
+        jax.jit(lambda a: hvd.alltoall(a, [1] * n))(jnp.ones(n))
+
+
+# -- what JAX cannot do -----------------------------------------------------------------------
+
+
+def test_vmap_of_a_collective_raises_a_clear_error():
+    batch = jnp.ones((2, 3))
+    step = jax.jit(lambda x: hvd.allreduce(x))
+    for transformed in (
+        jax.vmap(hvd.allreduce),
+        jax.jit(jax.vmap(hvd.allreduce)),
+        jax.vmap(step),
+        jax.vmap(jax.grad(lambda x: hvd.allreduce(x).sum())),
+    ):
+        with pytest.raises(ValueError, match="allreduce cannot run under jax.vmap"):
+            transformed(batch)  # fmt: skip
+    still_in_step()
+
+
+def test_handles_and_objects_refuse_a_trace():
+    for call in (lambda x: hvd.synchronize(hvd.allreduce_async(x)),
+                 lambda x: hvd.broadcast_object(x),
+                 lambda x: hvd.allgather_object(1) and x,
+                 lambda x: hvd.join() and x):  # fmt: skip
+        with pytest.raises(TypeError, match="cannot run inside jax.jit"):
+            jax.jit(call)(jnp.ones(2))
+
+
+def test_objects_and_join():
+    r, n = hvd.rank(), hvd.size()
+    assert hvd.broadcast_object({"r": r}, root_rank=0) == {"r": 0}
+    assert hvd.allgather_object(r) == list(range(n))
+    for i in range(r):  # uneven work: rank r runs r extra all-reduces before joining
+        out = hvd.synchronize(hvd.allreduce_async(jnp.ones(2), name="uneven", op=hvd.Sum))
+        assert out.tolist() == [float(sum(1 for k in range(n) if k >= i + 1))] * 2
+    assert hvd.join() == n - 1
+
+
+def test_barrier_inside_jit_and_collectives_in_program_order():
+    n, r = hvd.size(), hvd.rank()
+
+    @jax.jit
+    def many(x):
+        hvd.barrier()
+        for i in range(8):  # each rank's later collectives depend on none of the earlier ones
+            x = x + hvd.allreduce(jnp.full((3,), float(i + r)), op=hvd.Sum, name=f"order.{i}")
+        return x
+
+    pending = many(jnp.zeros(3))  # dispatched; the eager collective below must wait for it
+    eager = hvd.allreduce(jnp.full((2,), float(r)), op=hvd.Sum, name="order.eager")
+    total = sum(n * i + n * (n - 1) / 2 for i in range(8))
+    assert np.asarray(pending).tolist() == [total] * 3
+    assert eager.tolist() == [n * (n - 1) / 2] * 2
+    hvd.barrier()
+
+
+def test_collectives_inside_scan_and_cond():
+    n, r = hvd.size(), hvd.rank()
+
+    @jax.jit
+    def loop(x):
+        def body(carry, i):
+            return carry + hvd.allreduce(jnp.zeros_like(carry) + i + r, op=hvd.Sum), None
+
+        out, _ = jax.lax.scan(body, x, jnp.arange(3.0))
+        # Every rank takes the same branch: its all-reduce runs on every rank or on none.
+        return jax.lax.cond(out.sum() > 0, lambda: hvd.allreduce(out, op=hvd.Max), lambda: out)
+
+    expected = sum(n * i + n * (n - 1) / 2 for i in range(3))
+    assert np.asarray(loop(jnp.zeros(2))).tolist() == [expected] * 2
+
+
+def test_metric_averaged_in_a_jitted_eval_step():
+    r, n = hvd.rank(), hvd.size()
+    weights = jnp.arange(3.0)
+
+    @jax.jit
+    def evaluate(w, x, y):
+        accuracy = jnp.mean((x @ w > 1.0) == y)
+        return hvd.allreduce(accuracy, name="accuracy")
+
+    x = jnp.eye(3) * (r + 1)
+    y = jnp.array([False, r > 0, True])
+    mine = [float(np.mean((np.eye(3) * (k + 1) @ np.arange(3.0) > 1.0) == [False, k > 0, True]))
+            for k in range(n)]  # fmt: skip
+    assert float(evaluate(weights, x, y)) == pytest.approx(sum(mine) / n)
+
+
+# -- parameters, optimizer state, DistributedOptimizer ----------------------------------------
+
+
+def test_broadcast_parameters_and_optimizer_state():
+    r = hvd.rank()
+    key = jax.random.key(r)
+    params = {"w": jnp.full((2, 3), float(r)), "b": (np.arange(2) + r, 3.5 + r), "key": key}
+    got = hvd.broadcast_parameters(params, root_rank=0)
+    assert jax.random.key_impl(got["key"]) == jax.random.key_impl(key)
+    assert (
+        np.asarray(jax.random.key_data(got["key"])).tolist()
+        == np.asarray(jax.random.key_data(jax.random.key(0))).tolist()
+    )
+    assert isinstance(got["w"], jax.Array) and np.asarray(got["w"]).tolist() == [[0.0] * 3] * 2
+    assert isinstance(got["b"][0], np.ndarray) and got["b"][0].tolist() == [0, 1]
+    assert got["b"][1] == 3.5
+    tx = optax.adam(0.1)
+    state = tx.init({"w": jnp.ones(2) * r})
+    state = jax.tree.map(lambda a: a + r, state)
+    root_state = hvd.broadcast_optimizer_state(state, root_rank=0)
+    assert jax.tree.structure(root_state) == jax.tree.structure(state)
+    assert all(float(jnp.max(leaf)) == 0.0 for leaf in jax.tree.leaves(root_state))
+
+
+def test_broadcast_parameters_of_different_trees_raises_on_every_rank():
+    r, n = hvd.rank(), hvd.size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    params = {"w": jnp.ones(2 + (r == n - 1))}
+    with pytest.raises(ValueError, match=rf"rank\(s\) \[{n - 1}\] differs from root rank 0"):
+        hvd.broadcast_parameters(params, root_rank=0)
+    tree = {"w": jnp.ones(2)} if r else {"v": jnp.ones(2)}
+    with pytest.raises(ValueError, match="its structure is"):
+        hvd.broadcast_parameters(tree, root_rank=0)
+    still_in_step()
+
+
+def _gradients(r):
+    return {"w": jnp.full((2, 2), float(r)), "b": jnp.full((3,), r, dtype=jnp.float32)}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_distributed_optimizer_averages_the_gradients(mode):
+    r, n = hvd.rank(), hvd.size()
+    params = {"w": jnp.zeros((2, 2)), "b": jnp.zeros(3, dtype=jnp.float32)}
+    mean = (n - 1) / 2
+    for kwargs, factor in (({}, 1.0), ({"op": hvd.Sum}, n), ({"gradient_predivide_factor": 2.0}, 1),
+                           ({"compression": hvd.Compression.fp16}, 1.0)):  # fmt: skip
+        tx = hvd.DistributedOptimizer(optax.sgd(1.0), **kwargs)
+        state = tx.init(params)
+        updates, _ = run(mode, tx.update, _gradients(r), state, params)
+        assert updates["b"].dtype == np.float32
+        assert updates["w"].tolist() == [[-mean * factor] * 2] * 2, kwargs
+        assert updates["b"].tolist() == [-mean * factor] * 3, kwargs
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_distributed_optimizer_accumulates_backward_passes(mode):
+    r, n = hvd.rank(), hvd.size()
+    params = {"w": jnp.zeros((2, 2)), "b": jnp.zeros(3, dtype=jnp.float32)}
+    tx = hvd.DistributedOptimizer(optax.sgd(1.0), backward_passes_per_step=2)
+    state = tx.init(params)
+    assert isinstance(state, hvd.DistributedState)
+    update = jax.jit(tx.update) if mode == "jit" else tx.update
+    first, state = update(_gradients(r), state, params)
+    assert all(float(jnp.abs(u).max()) == 0 for u in jax.tree.leaves(first))
+    second, state = update(_gradients(r + 1), state, params)
+    mean = (n - 1) / 2 * 2 + 1  # the sum of the two passes, averaged over the ranks
+    assert np.asarray(second["w"]).tolist() == [[-mean] * 2] * 2
+    assert int(state.passes) == 0
+    assert all(float(jnp.abs(a).max()) == 0 for a in jax.tree.leaves(state.accumulated))
+
+
+def test_distributed_optimizer_checks_its_arguments_before_communicating():
+    with pytest.raises(ValueError, match="Average, Sum or Adasum"):
+        hvd.DistributedOptimizer(optax.sgd(1.0), op=hvd.Max)
+    with pytest.raises(ValueError, match="backward_passes_per_step must be >= 1"):
+        hvd.DistributedOptimizer(optax.sgd(1.0), backward_passes_per_step=0)
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.DistributedOptimizer(optax.sgd(1.0), op=hvd.Adasum)
