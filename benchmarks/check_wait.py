@@ -5,7 +5,8 @@
 Times, per message size (1 KiB: the tensor travels inside the check; 64 KiB: a check, then
 MPI_Allreduce), blocks of calls of
   * auto:            hvd.allreduce(x, op=Sum), the metadata check on (the check's Iallgather is
-                     tested without yielding for agreement._SPIN_SECONDS, then the Watch waits),
+                     tested without yielding for waiting._SPIN_SECONDS where each rank
+                     of the host has a core, then the Watch waits),
   * auto-yielding:   the same with that spin off (the Watch's wait from the first test: it yields
                      the core between tests), as before issue #27,
   * auto-nocheck:    HOROVODLITE_CHECK_METADATA=0,
@@ -24,13 +25,13 @@ import numpy as np
 from mpi4py import MPI
 
 import horovodlite as hvd
-from horovodlite import agreement
 
 
 def measure(comm, state, nbytes: int, blocks: int, calls: int) -> dict:
     """Time the four ways for `nbytes` of float32, block by block; return their statistics."""
     checked, unchecked = state.settings, dataclasses.replace(state.settings, check_metadata=False)
-    spin = agreement._SPIN_SECONDS
+    watch = state.watch
+    spin = watch._spin
     x = np.ones(nbytes // 4, dtype=np.float32)
     out = np.empty_like(x)
 
@@ -38,11 +39,11 @@ def measure(comm, state, nbytes: int, blocks: int, calls: int) -> dict:
         hvd.allreduce(x, op=hvd.Sum)
 
     def yielding():
-        agreement._SPIN_SECONDS = 0.0
+        watch._spin = 0.0
         try:
             hvd.allreduce(x, op=hvd.Sum)
         finally:
-            agreement._SPIN_SECONDS = spin
+            watch._spin = spin
 
     def nocheck():
         state.settings = unchecked

@@ -17,7 +17,6 @@ that is why every check, whichever collective it guards, is this same call.
 import hashlib
 import math
 import threading
-import time
 from collections.abc import Sequence
 from typing import Callable, Optional
 
@@ -107,22 +106,9 @@ def _records_for(size: int) -> _Records:
     return records
 
 
-Wait = Callable  # wait(request): block until an MPI request completes (waiting.Watch.wait)
-
-# A check takes a few µs when the ranks arrive together. The Watch yields the core between its
-# tests, and on a busy machine a yield gives the core to another process for a time slice: a
-# checked 1 KiB all-reduce at 2 ranks then took 3.5 to 5 times MPICH's, which never yields.
-# So a check tests without yielding first, as MPI's own blocking calls do, for this long.
-_SPIN_SECONDS = 50e-6
-
-
-def _settle(request, wait: Wait) -> None:
-    """Wait for `request`: test it for up to _SPIN_SECONDS, then leave it to `wait`."""
-    deadline = time.perf_counter() + _SPIN_SECONDS
-    while not request.Test():
-        if time.perf_counter() > deadline:
-            wait(request)
-            return
+# wait(request): block until an MPI request completes (waiting.Watch.check_waiter's, which never
+# waits forever; default_wait outside an initialized job).
+Wait = Callable
 
 
 def exchange(comm, own: int, payload: int = 0, wait: Wait = default_wait) -> tuple:
@@ -130,7 +116,7 @@ def exchange(comm, own: int, payload: int = 0, wait: Wait = default_wait) -> tup
     records = _records_for(comm.size)
     records.own[0] = own
     records.own[1] = payload
-    _settle(comm.Iallgather(records.own, records.everyone), wait)
+    wait(comm.Iallgather(records.own, records.everyone))
     return records.digests.tolist(), records.payloads.tolist()
 
 
@@ -154,7 +140,7 @@ def exchange_with_data(comm, own: int, data: np.ndarray, wait: Wait = default_wa
     records, room, rows = found
     room[...] = data
     records.own[0] = own
-    _settle(comm.Iallgather(records.own, records.everyone), wait)
+    wait(comm.Iallgather(records.own, records.everyone))
     return rows if all_agree(records.digests.tolist()) else None
 
 

@@ -90,10 +90,8 @@ def run_now(plan: Plan):
 
 
 def waiter(state, fields: dict, ranks) -> Callable:
-    """Return `wait(request)` for the collective `fields` among global `ranks` (state.watch)."""
-    return functools.partial(
-        state.watch.wait, about=lambda: (describe(fields), digest(fields)), members=ranks
-    )
+    """Return `wait(request)` for the check of collective `fields` among global `ranks`."""
+    return state.watch.check_waiter(lambda: (describe(fields), digest(fields)), ranks)
 
 
 def synchronous(make_plan: Callable, name: str, **fixed) -> Callable:

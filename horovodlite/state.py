@@ -119,6 +119,7 @@ class State:
         self.watch = Watch(
             self.comm.Dup(), settings.collective_timeout, settings.stall_check, generation,
             waiting_marker=_waiting_marker(settings.exit_report_dir),
+            ranks_on_host=self.local_comm.size,
         )  # fmt: skip
         self.engine: Any = None
 

@@ -5,6 +5,9 @@ join) goes through `Watch.wait`. It tests the MPI request for 2 ms, yielding the
 tests (a fast collective finishes there, with no added latency, and where ranks outnumber cores
 the one being waited for gets to run), then sleeps between tests with a back-off up to 1 ms
 (10 ms once it has waited a second), so a rank blocked for long costs well under 1% of a core.
+A metadata check, which usually completes within microseconds, waits with `Watch.check_waiter`:
+where each rank of the host has a core of its own it first tests without yielding, as MPI's own
+blocking calls do.
 While it waits it reads the notices that ranks post on a private control communicator:
 
 - LEFT: a rank shut horovodlite down or is exiting. A wait whose collective needs that rank
@@ -68,6 +71,11 @@ _REASONS = {LEFT_SHUTDOWN: "called hvd.shutdown()", LEFT_EXIT: "exited"}
 # short sleep would oversleep it and a plain spin would hold the core it needs (figures: docs/
 # benchmarks.md, "Figures behind the code's constants").
 _YIELD_SECONDS = 2e-3
+# A check tests without yielding this long first, where each rank of the host has a core: on a
+# busy machine a yield gives the core to another process for a time slice, while the partner is
+# a few µs away. Where ranks outnumber cores the spin holds the core that the rank waited for
+# needs, and a check took several times as long (figures: the same section of docs/benchmarks.md).
+_SPIN_SECONDS = 50e-6
 _FIRST_SLEEP, _MAX_SLEEP = 20e-6, 1e-3
 _LONG_WAIT, _LONG_SLEEP = 1.0, 10e-3  # after a second, test less often: nobody is close
 _NOTICE_AFTER = 1.0  # seconds in one wait before telling the others where this rank waits
@@ -87,6 +95,7 @@ class Watch:
         generation: the number of this init() in the process, the same on every rank.
         waiting_marker: a file to hold while a wait is long (horovodlite-run's exit watch reads
             it: a rank that ends while it waits on others did not end the job), or None.
+        ranks_on_host: the job's ranks on this host (a check spins only if each has a core).
     """
 
     def __init__(
@@ -96,6 +105,7 @@ class Watch:
         stall_check: float,
         generation: int,
         waiting_marker: Optional[str] = None,
+        ranks_on_host: int = 1,
     ):
         self.comm, self.timeout, self.stall_check = comm, timeout, stall_check
         # MPI may reuse a freed communicator's context for a new one, so a notice sent before a
@@ -111,6 +121,7 @@ class Watch:
         self._own: dict = {}  # digest -> this rank's threads in a long wait there now
         self._closed = False
         self._waiting_marker = waiting_marker
+        self._spin = _SPIN_SECONDS if _cores_per_rank(ranks_on_host) >= 1 else 0.0
 
     # -- notices ------------------------------------------------------------------------------
 
@@ -224,6 +235,26 @@ class Watch:
         if not request.Test():
             self._wait(lambda: request.Test() or None, about, members)
 
+    def check_waiter(
+        self, about: Callable[[], tuple], members: Sequence[int]
+    ) -> Callable[[MPI.Request], None]:
+        """Return `wait(request)` for the metadata check of a collective among global `members`.
+
+        It tests the request without yielding for _SPIN_SECONDS where each rank of this host has
+        a core (not at all where ranks outnumber cores), then waits as wait() (`about` as there).
+        A closure, not a partial with keywords: this runs on every small all-reduce.
+        """
+        spin, wait = self._spin, self._wait
+
+        def wait_check(request: MPI.Request) -> None:
+            deadline = time.perf_counter() + spin
+            while not request.Test():
+                if time.perf_counter() > deadline:
+                    wait(lambda: request.Test() or None, about, members)
+                    return
+
+        return wait_check
+
     def wait_any(self, requests: list, about: Callable[[], tuple], members: Sequence[int]) -> int:
         """Wait until one of `requests` completes; return its index. As wait() otherwise."""
 
@@ -322,6 +353,12 @@ class Watch:
             "(every rank must call the same collectives before it shuts down or exits); the "
             "job is torn down"
         )
+
+
+def _cores_per_rank(ranks_here: int) -> float:
+    """Return the cores each of the `ranks_here` ranks of this host can have to itself."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(usable, (os.cpu_count() or 1) / ranks_here)
 
 
 def _mark(path: str, present: bool) -> bool:

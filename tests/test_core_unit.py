@@ -350,3 +350,37 @@ def test_pieces_slices_within_a_piece_and_the_ring_cuts_its_segments_at_their_bo
     assert _segments(1, 9, 2, pieces.cuts) == [(1, 3), (3, 5), (5, 7), (7, 8), (8, 9)]
     assert _segments(4, 4, 2, pieces.cuts) == [(4, 4)]  # an empty chunk: one empty segment
     assert all(pieces[lo:hi].size == hi - lo for lo, hi in _segments(0, 9, 4, pieces.cuts))
+
+
+# ---------------------------------------------------------------------------------------------
+# A check's wait spins only where every rank of the host has a core of its own (issue #38).
+
+
+@pytest.mark.parametrize("cores, spins", [(4, True), (1, True), (0.5, False)])
+def test_a_check_spins_only_where_each_rank_has_a_core(monkeypatch, cores, spins):
+    from mpi4py import MPI
+
+    from horovodlite import waiting
+
+    monkeypatch.setattr(waiting, "_cores_per_rank", lambda ranks_here: cores)
+    comm = MPI.COMM_SELF.Dup()
+    watch = waiting.Watch(comm, timeout=5.0, stall_check=5.0, generation=0)
+    try:
+        assert (watch._spin > 0) is spins
+        sent, received = np.arange(3), np.zeros(3, dtype=np.int64)
+        wait = watch.check_waiter(lambda: ("check", 1), [0])
+        wait(comm.Iallgather(sent, received))
+        assert received.tolist() == [0, 1, 2]
+    finally:
+        watch.close()
+        comm.Free()
+
+
+def test_cores_per_rank_counts_the_ranks_of_the_host(monkeypatch):
+    from horovodlite import waiting
+
+    monkeypatch.setattr(waiting.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(waiting.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert waiting._cores_per_rank(2) == 1
+    assert waiting._cores_per_rank(4) == 0.5
+    assert waiting._cores_per_rank(1) == 2
