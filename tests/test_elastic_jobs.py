@@ -3,7 +3,8 @@
 Each job runs `horovodlite-run` under a hard timeout (its whole process group and, on simulated
 hosts, its namespaces are killed past it). The torch job (tests/jobs/elastic_launch_train.py) is
 deterministic: a run whose rank 1 is SIGKILLed restarts from the last commit and ends with the
-parameters of an uninterrupted run, bit for bit.
+parameters of an uninterrupted run, bit for bit. The JAX job (tests/jobs/elastic_launch_jax.py)
+resumes at fewer ranks and ends with the parameters of one process, up to rounding.
 """
 
 import json
@@ -233,6 +234,33 @@ def test_keras_fit_survives_a_killed_rank_and_resumes_at_the_committed_epoch(tmp
     resumed = (tmp_path / "epochs-1.txt").read_text().split()
     assert sorted(set(w for w in resumed if w.startswith("epoch="))) == ["epoch=2", "epoch=3"]
     assert len((tmp_path / "weights.txt").read_text().split()) == 3 * 4 + 4 + 4 + 1
+
+
+def test_a_jax_job_that_loses_a_rank_resumes_smaller_and_ends_as_one_process(tmp_path):
+    # JaxState (parameters, optax state, PRNG key) under hvd.elastic.run: rank 1 of 3 dies
+    # before step 5, the job resumes at 2 ranks from the commit after step 4, and its gradient
+    # (the batch's mean, summed over the ranks) makes it end where one process ends.
+    pytest.importorskip("jax")
+    pytest.importorskip("optax")
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    subprocess.run([sys.executable, str(JOBS / "elastic_launch_jax.py"), str(reference),
+                    "--reference"], check=True, timeout=120)  # fmt: skip
+    script = discovery(tmp_path, "localhost:3", "localhost:2")
+    status, out = launch(tmp_path, ["-np", "3", "--min-np", "2", "--max-np", "3",
+                                    "--host-discovery-script", script],
+                         "elastic_launch_jax.py", tmp_path, "--kill-step", 5)  # fmt: skip
+    assert status == 0, out
+    assert_restarted_for_rank_1(out, "localhost")
+    assert "2 workers on localhost:2, resuming from commit 2" in out, out
+    records = steps(tmp_path)
+    assert {(r["restart"], r["size"]) for r in records} == {(0, 3), (1, 2)}
+    assert max(r["step"] for r in records if r["restart"] == 0) == 4, "rank 1 died at step 5"
+    assert min(r["step"] for r in records if r["restart"] == 1) == 5, records
+    final = json.loads((tmp_path / "final.json").read_text())
+    expected = json.loads((reference / "final.json").read_text())
+    assert (final["size"], final["steps"]) == (2, 8), final
+    assert final["params"] == pytest.approx(expected["params"], rel=1e-12, abs=1e-12), final
 
 
 def test_the_elastic_example_runs_through_a_failure(tmp_path):

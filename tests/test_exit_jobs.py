@@ -102,12 +102,10 @@ def test_a_sync_call_against_an_async_wait_under_another_name_raises_everywhere(
         assert re.search(rf"rank {rank} raised after [0-9.]+ s: rank {rank} waits", out), out
 
 
-@pytest.mark.parametrize("how", ["os_exit", "sigkill"])
-def test_horovodlite_run_names_a_rank_that_ends_without_python(how):
-    # No Python runs in that rank and MPI's launcher kills the others at once: horovodlite-run
-    # names it from outside (run/exit_watch.py).
-    argv = [sys.executable, "-m", "horovodlite.run", "-np", "3", sys.executable,
-            str(JOBS / "early_exit.py"), how, "sync"]  # fmt: skip
+def _horovodlite_run(np: int, script: str, *args) -> tuple:
+    """Run `horovodlite-run -np NP python tests/jobs/SCRIPT ARGS`; return (status, output)."""
+    argv = [sys.executable, "-m", "horovodlite.run", "-np", str(np), sys.executable,
+            str(JOBS / script), *args]  # fmt: skip
     env = {**os.environ, **dict.fromkeys(ENGINE_VARIABLES, "")}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)  # fmt: skip
@@ -116,9 +114,52 @@ def test_horovodlite_run_names_a_rank_that_ends_without_python(how):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail(f"the job hung:\n{proc.communicate()[0]}")
-    assert proc.returncode != 0, out
+    return proc.returncode, out
+
+
+def _assert_named_from_outside(status: int, out: str) -> None:
+    assert status != 0, out
     pid = re.search(r"rank 1 ready, pid (\d+)", out).group(1)
     assert f"horovodlite-run: rank 1 (pid {pid}) ended without leaving horovodlite" in out, out
+
+
+@pytest.mark.parametrize("how", ["os_exit", "sigkill"])
+def test_horovodlite_run_names_a_rank_that_ends_without_python(how):
+    # No Python runs in that rank and MPI's launcher kills the others at once: horovodlite-run
+    # names it from outside (run/exit_watch.py).
+    _assert_named_from_outside(*_horovodlite_run(3, "early_exit.py", how, "sync"))
+
+
+# -- JAX: rank 1 fails during jitted training (tests/jobs/jax_step_fails.py) while the others wait
+# in the step's all-reduce, inside XLA, in an ordered io_callback.
+
+
+@pytest.mark.parametrize("module_runner", [True, False], ids=["python-m-mpi4py", "python"])
+@pytest.mark.parametrize("how", ["raise", "raise-between"], ids=["in-the-step", "between-steps"])
+def test_an_error_on_one_rank_in_jitted_training_ends_the_job(how, module_runner):
+    pytest.importorskip("jax")
+    pytest.importorskip("optax")
+    result = job(3, "jax_step_fails.py", how, module_runner=module_runner)
+    out = result.stdout
+    assert result.returncode not in (0, -9) and "killed after" not in out, out
+    assert "RuntimeError: rank 1 fails on purpose" in out, out
+    kind = "JaxRuntimeError" if how == "raise" else "RuntimeError"  # JAX's, from inside a step
+    assert f"horovodlite: rank 1 exits on an uncaught {kind}: aborting the job" in out, out
+    assert "was not stopped" not in out, out
+
+
+def test_a_rank_that_exits_during_jitted_training_is_named_by_the_others():
+    pytest.importorskip("jax")
+    pytest.importorskip("optax")
+    result = job(3, "jax_step_fails.py", "exit", module_runner=False)
+    assert result.returncode != 0, result.stdout
+    _check_survivors(result.stdout, [0, 2], r"rank 1 exited while rank [02] waited for it")
+
+
+def test_a_rank_killed_in_a_jitted_step_is_named_by_horovodlite_run():
+    pytest.importorskip("jax")
+    pytest.importorskip("optax")
+    _assert_named_from_outside(*_horovodlite_run(3, "jax_step_fails.py", "kill"))
 
 
 def test_horovodlite_run_says_nothing_when_every_rank_leaves():

@@ -43,7 +43,7 @@ COMPILED = "test_compiled_model_trains_as_the_uncompiled_one"
 # JAX takes seconds per rank to import and compiles every jitted case: its modules run together,
 # at 2 and 3 ranks (70 and 100 s on 2 cores), and training against one process alone at 1 rank
 # (15 s). At 4 ranks (2 minutes, oversubscribed) they are run by hand.
-JAX = ["rank_jax.py", "rank_gradients_jax.py", "rank_jax_equivalence.py"]
+JAX = ["rank_jax.py", "rank_gradients_jax.py", "rank_jax_equivalence.py", "rank_jax_elastic.py"]
 
 # (name, modules, rank count, tests left out as a -k expression): one launch each.
 LAUNCHES = [

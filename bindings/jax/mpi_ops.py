@@ -115,15 +115,18 @@ def _gradients(what: str, finish: Callable, xs: list, cotangents: list, extra=()
     return out
 
 
-def _reduction(what: str, host: Callable, rule: Callable, xs: list, args: dict, shape=like):
+def _reduction(
+    what: str, host: Callable, rule: Callable, xs: list, args: dict, shape=like, into=None
+):
     """Run an all-reduce or reduce-scatter `host` on `xs`, differentiable by `rule`.
 
-    `shape(x)` gives an output's shape and dtype under a trace (default: the input's).
+    `shape(x)` gives an output's shape and dtype under a trace (default: the input's); `into`
+    is host's in-place form (run_on_host).
     """
     needs_inputs = args["op"] in collective_gradients.NEEDS_INPUTS
 
     def forward(xs):
-        return run_on_host(what, host, xs, lambda: [shape(x) for x in xs])
+        return run_on_host(what, host, xs, lambda: [shape(x) for x in xs], into)
 
     def backward(saved, cotangents):
         kept = [x for x in (saved or ()) if jnp.issubdtype(x.dtype, jnp.inexact)]
@@ -140,14 +143,29 @@ def _reduction(what: str, host: Callable, rule: Callable, xs: list, args: dict, 
 
 
 def _allreduced(tensors: list, name, args: dict, grouped: bool) -> list:
-    def host(*arrays):
-        if grouped:
-            return core.grouped_allreduce(list(arrays), name=name, **args)
-        return [core.allreduce(arrays[0], name=name, **args)]
-
     what = "grouped_allreduce" if grouped else "allreduce"
     rule = collective_gradients.allreduce_gradients
-    return _reduction(what, host, rule, _arrays(tensors), args)
+    host = functools.partial(allreduce_arrays, name, args, grouped)
+    into = functools.partial(allreduce_into, name, args, grouped)
+    return _reduction(what, host, rule, _arrays(tensors), args, into=into)
+
+
+def allreduce_arrays(name, args: dict, grouped: bool, *arrays) -> list:
+    """All-reduce numpy `arrays` (one group if `grouped`, else the only one); return results."""
+    if grouped:
+        return core.grouped_allreduce(list(arrays), name=name, **args)
+    return [core.allreduce(arrays[0], name=name, **args)]
+
+
+def allreduce_into(name, args: dict, grouped: bool, outs: list, *arrays) -> None:
+    """Do allreduce_arrays() in place in `outs` (numpy arrays shaped as `arrays`)."""
+    for out, array in zip(outs, arrays):
+        if not np.may_share_memory(out, array):  # else XLA lent the input's buffer itself
+            np.copyto(out, array)
+    if grouped:
+        core.grouped_allreduce(outs, name=name, inplace=True, **args)
+    else:
+        core.allreduce_(outs[0], name=name, **args)
 
 
 def allreduce(

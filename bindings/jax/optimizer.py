@@ -1,12 +1,13 @@
 """DistributedOptimizer for optax: average the gradient pytree over the ranks, then update.
 
-The gradients travel as one fused all-reduce per dtype (training/grouping.py's run_per_dtype),
-described by the training layer's ReductionSettings, in one host call: eagerly, or inside a
-jitted train step as one ordered io_callback. With backward_passes_per_step=k the gradients of
-k calls accumulate locally, as optax.MultiSteps accumulates them, and every k-th call reduces
-their sum and updates; the others return zero updates.
+The gradients travel as one grouped all-reduce (one fused buffer per dtype), described by the
+training layer's ReductionSettings, in one host call: eagerly, or inside a jitted train step as
+one ordered io_callback. With backward_passes_per_step=k the gradients of k calls accumulate
+locally, as optax.MultiSteps accumulates them, and every k-th call reduces their sum and
+updates; the others return zero updates.
 """
 
+import functools
 from typing import Any, NamedTuple
 
 import optax
@@ -15,10 +16,11 @@ import horovodlite as core
 import jax
 import jax.numpy as jnp
 from horovodlite.process_sets import global_process_set
-from horovodlite.training import ReductionSettings, reduce_gradients, run_per_dtype
+from horovodlite.training import ReductionSettings, reduce_gradients
 
 from .compression import Compression
-from .host import like, run_on_host, traced
+from .host import like, packed, run_on_host, traced
+from .mpi_ops import allreduce_arrays, allreduce_into
 
 __all__ = ["DistributedOptimizer", "DistributedState"]
 
@@ -34,25 +36,29 @@ class DistributedState(NamedTuple):
 def _allreduce_tree(grads, settings: ReductionSettings, name=None):
     """Return the pytree `grads` reduced over the ranks as `settings` say (inside jit too).
 
-    Every leaf is compressed, the leaves go as one grouped all-reduce per dtype in one host
-    call, then they are decompressed. Alone in its process set a rank sends nothing.
+    Every leaf is compressed, the leaves go as one grouped all-reduce in one host call (inside
+    a trace the small ones packed into one array per dtype), then they are decompressed. Alone
+    in its process set a rank sends nothing.
     """
     leaves, treedef = jax.tree.flatten(grads)
     wires = [settings.compression.compress(leaf) for leaf in leaves]
     prefix = name or "DistributedOptimizer"
 
-    def host(*arrays):
-        def start(group, suffix):
-            group_name = prefix if suffix is None else f"{prefix}.{suffix}"
-            return core.grouped_allreduce_async(group, name=group_name, **settings.reduce_kwargs)
-
-        return run_per_dtype(list(arrays), start, core.synchronize)
-
     def reduce(tensors: list) -> list:
         if not tensors:
             return []
         what = "DistributedOptimizer's all-reduce"
-        return run_on_host(what, host, tensors, lambda: [like(t) for t in tensors])
+        if traced(tensors):  # small gradients as one argument per dtype
+            tensors, unpack = packed(tensors)
+        else:
+            unpack = list
+        # The core's synchronous all-reduce (one fused buffer per dtype, run at once; one array
+        # takes the short path of small messages): the callback waits for it anyway, and the
+        # engine's queue would add its round trip.
+        args = (prefix, settings.reduce_kwargs, len(tensors) > 1)
+        host = functools.partial(allreduce_arrays, *args)
+        into = functools.partial(allreduce_into, *args)
+        return unpack(run_on_host(what, host, tensors, lambda: [like(t) for t in tensors], into))
 
     reduced = reduce_gradients(
         [wire for wire, _ in wires], settings, reduce=reduce, scale=lambda t, f: t * f

@@ -9,6 +9,7 @@ loaded on any device.
 import copy
 
 import torch
+from horovodlite.training import elastic_sampling
 from horovodlite.training.elastic import *  # noqa: F403 (SHARED: run, State, ...)
 from horovodlite.training.elastic import SHARED, HandlerState, StateHandler
 from horovodlite.training.elastic_sampling import ElasticIndices, SamplerHandler
@@ -53,29 +54,8 @@ class _OptimizerHandler(StateHandler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
-class ElasticSampler(torch.utils.data.Sampler, ElasticIndices):
-    """Horovod's ElasticSampler: each epoch's samples once, across restarts and resizes.
-
-    Record what was processed with `record_batch(batch_idx, batch_size)` (the batch on every
-    rank) or `record_indices(indices)` (this rank's); a commit keeps the set, and a restart at
-    any size deals out only the rest of the epoch. `set_epoch(e)` starts epoch `e` (calling it
-    again with the epoch in progress keeps the position). Put it in a TorchState to commit it.
-
-    Args:
-        dataset: anything with `len()`.
-        shuffle: a new permutation each epoch, the same on every rank, seeded by `seed + epoch`.
-        seed: the permutation's base seed.
-    """
-
-    def __init__(self, dataset, shuffle: bool = True, seed: int = 0):
-        self.dataset = dataset
-        ElasticIndices.__init__(self, len(dataset), shuffle=shuffle, seed=seed)
-
-    def __iter__(self):
-        return ElasticIndices.__iter__(self)
-
-    def __len__(self) -> int:
-        return ElasticIndices.__len__(self)
+class ElasticSampler(elastic_sampling.ElasticSampler, torch.utils.data.Sampler):
+    __doc__ = elastic_sampling.ElasticSampler.__doc__  # also a torch Sampler, for DataLoader
 
 
 def _handler_for(value):

@@ -4,7 +4,8 @@
 `seed + epoch`), leaves out those already processed this epoch, and deals the rest out to the
 ranks of the current size: rank r takes every n-th index from position r. The processed set
 is part of every commit, so a job restarted at another size deals out exactly what is left.
-A binding's sampler (torch's `ElasticSampler`) wraps it; `SamplerHandler` commits it.
+`ElasticSampler` is Horovod's sampler over a dataset (torch's is also a torch Sampler, JAX's is
+it as it is); `SamplerHandler` commits it.
 """
 
 import math
@@ -15,7 +16,7 @@ from .. import collectives
 from .. import state as _state
 from .elastic import StateHandler
 
-__all__ = ["ElasticIndices", "SamplerHandler"]
+__all__ = ["ElasticIndices", "ElasticSampler", "SamplerHandler"]
 
 
 class ElasticIndices:
@@ -110,6 +111,26 @@ class ElasticIndices:
         for indices in gathered:
             self.processed_indices.update(indices)
         self._unshared = set()
+
+
+class ElasticSampler(ElasticIndices):
+    """Horovod's ElasticSampler: each epoch's samples once, across restarts and resizes.
+
+    Iterate it (or call `get_indices(batch_idx, batch_size)`) for this rank's indices; record
+    what was processed with `record_batch(batch_idx, batch_size)` (the batch on every rank) or
+    `record_indices(indices)` (this rank's); a commit keeps the set, and a restart at any size
+    deals out only the rest of the epoch. `set_epoch(e)` starts epoch `e` (calling it again with
+    the epoch in progress keeps the position). Put it in the binding's elastic state to commit it.
+
+    Args:
+        dataset: anything with `len()`.
+        shuffle: a new permutation each epoch, the same on every rank, seeded by `seed + epoch`.
+        seed: the permutation's base seed.
+    """
+
+    def __init__(self, dataset, shuffle: bool = True, seed: int = 0):
+        self.dataset = dataset
+        super().__init__(len(dataset), shuffle=shuffle, seed=seed)
 
 
 class SamplerHandler(StateHandler):

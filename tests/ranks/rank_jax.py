@@ -301,6 +301,55 @@ def test_collectives_inside_scan_and_cond():
     assert np.asarray(loop(jnp.zeros(2))).tolist() == [expected] * 2
 
 
+def test_large_arrays_inside_jit_travel_in_xlas_buffers_and_match_eager():
+    # From host.BUFFERS_FROM bytes a traced collective's data travels in XLA's own buffers
+    # (buffer_callback between two ordered callbacks): the same results as eagerly, in program
+    # order with the small ones, inside scan, under grad, and errors on every rank.
+    from horovodlite.jax import host
+
+    r, n = hvd.rank(), hvd.size()
+    rows = 64 * 1024 // 8 + r  # float64 rows of 8 bytes: above BUFFERS_FROM with the output
+    x = jnp.arange(rows * 4, dtype=jnp.float64).reshape(rows, 4) + r
+    even = jnp.arange(64 * 1024 * n, dtype=jnp.float32).reshape(-1, 4) * (r + 1)
+    assert x.size * 8 * 2 >= host.BUFFERS_FROM
+    every = [64 * 1024 // 8 + k for k in range(n)]
+    cases = {
+        "allreduce": lambda a, e: hvd.allreduce(e, op=hvd.Average, prescale_factor=2.0),
+        "grouped": lambda a, e: hvd.grouped_allreduce(
+            [e, (e % 1000).astype(jnp.float16), jnp.ones(3) * r], op=hvd.Sum),
+        "allgather": lambda a, e: hvd.allgather(a, rows=every),
+        "broadcast": lambda a, e: hvd.broadcast(e, root_rank=n - 1),
+        "reducescatter": lambda a, e: hvd.reducescatter(e, op=hvd.Sum),
+        "alltoall": lambda a, e: hvd.alltoall(e),
+        "small then large": lambda a, e: (hvd.allreduce(jnp.ones(2) * r, op=hvd.Max),
+                                          hvd.allreduce(e, op=hvd.Min)),
+    }  # fmt: skip
+    for name, case in cases.items():
+        eager = jax.tree.map(np.asarray, case(x, even))
+        jitted = jax.tree.map(np.asarray, jax.jit(case)(x, even))
+        assert jax.tree.structure(eager) == jax.tree.structure(jitted), name
+        for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+
+    # The in-place all-reduce works in a buffer XLA lends it: never in the caller's arrays.
+    assert np.array_equal(np.asarray(even), np.arange(even.size).reshape(-1, 4) * (r + 1))
+
+    def body(carry, _):
+        return hvd.allreduce(carry, op=hvd.Average), None
+
+    looped = jax.jit(lambda e: jax.lax.scan(body, e, None, length=3)[0])(even)
+    mean = np.asarray(hvd.allreduce(even, op=hvd.Average))
+    np.testing.assert_allclose(np.asarray(looped), mean, rtol=1e-6)
+    grad = jax.jit(jax.grad(lambda e: jnp.sum(hvd.allreduce(e, op=hvd.Sum) * 2.0)))(even)
+    assert np.asarray(grad).min() == np.asarray(grad).max() == 2.0 * n
+    if n > 1:
+        base = 64 * 1024 // 8
+        bad = jnp.ones((base + (r == 1), 4))
+        call = JittedCall(lambda a: hvd.allreduce(a, name="large.bad.shape"), bad)
+        raised_everywhere(call, "rank 1", f"({base + 1}, 4)")
+        still_in_step()
+
+
 def test_metric_averaged_in_a_jitted_eval_step():
     r, n = hvd.rank(), hvd.size()
     weights = jnp.arange(3.0)
@@ -371,6 +420,26 @@ def test_distributed_optimizer_averages_the_gradients(mode):
         assert updates["b"].dtype == np.float32
         assert updates["w"].tolist() == [[-mean * factor] * 2] * 2, kwargs
         assert updates["b"].tolist() == [-mean * factor] * 3, kwargs
+
+
+def test_distributed_optimizer_packs_small_gradients_inside_jit():
+    # Inside jit the gradients under 64 KiB travel packed, one array per dtype; large ones and
+    # a dtype's only small one as they are: every leaf still gets its own average.
+    r, n = hvd.rank(), hvd.size()
+    shapes = {"big": ((160, 128), jnp.float32), "w": ((3, 4), jnp.float32),
+              "b": ((4,), jnp.float32), "s": ((), jnp.float32), "h": ((5,), jnp.float16),
+              "d": ((2, 2), jnp.float64), "e": ((3,), jnp.float64)}  # fmt: skip
+    grads = {k: jnp.arange(np.prod(shape), dtype=dtype).reshape(shape) * (r + 1) + r
+             for k, (shape, dtype) in shapes.items()}  # fmt: skip
+    params = jax.tree.map(jnp.zeros_like, grads)
+    tx = hvd.DistributedOptimizer(optax.sgd(1.0))
+    updates, _ = run("jit", tx.update, grads, tx.init(params), params)
+    mean = (n + 1) / 2
+    for k, (shape, dtype) in shapes.items():
+        expected = -(np.arange(np.prod(shape)).reshape(shape) * mean + (n - 1) / 2)
+        assert updates[k].dtype == dtype and updates[k].shape == shape, k
+        tolerance = 1e-3 if dtype == jnp.float16 else 1e-6
+        np.testing.assert_allclose(updates[k], expected, rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("mode", MODES)
