@@ -18,7 +18,8 @@ A jitted call is timed to the end of its computation (block_until_ready). A bloc
 starts after a barrier and keeps the slowest rank's mean; each contender runs --repeats blocks
 and the median is reported. Every contender's result is checked exactly (small integers).
 
-Training: the MLP of examples/jax_digits.py (64-64-10) and a wide one (64-1024-1024-10) on
+Training: the MLP of examples/jax_digits.py (64-64-10), a wide one (64-1024-1024-10) and a
+small CNN (two 3x3 convolutions of 16 and 32 channels on the 8x8 image, then a dense layer) on
 scikit-learn's digits, batch --batch-size per rank, SGD with momentum, one jitted step:
 
     local        plain optax, no communication: the compute part of a step
@@ -45,7 +46,9 @@ RESULTS = os.path.join(HERE, "results")
 ALLREDUCE = ("hvd-jit", "mpi4jax-jit", "mpi4py", "hvd-numpy")
 TRAINING = ("local", "hvd", "mpi4jax")
 NEEDS_MPI4JAX = {"mpi4jax-jit", "mpi4jax"}
-MODELS = {"digits": (64, 64, 10), "wide": (64, 1024, 1024, 10)}
+# An MLP's layer widths, or CNN for the small convolutional network.
+CNN = ((1, 16), (16, 32))  # (in, out) channels of its 3x3 convolutions, before a dense layer
+MODELS = {"digits": (64, 64, 10), "wide": (64, 1024, 1024, 10), "cnn": CNN}
 UNITS = {"K": 1 << 10, "M": 1 << 20}
 
 
@@ -202,16 +205,33 @@ def training_part(args, comm, hvd) -> tuple:
         return rows, checks
     x, y = digits(comm.rank, comm.size, args.batch_size)
 
-    def init(sizes):
-        keys = jax.random.split(jax.random.key(0), len(sizes) - 1)
+    def init(spec):
+        if spec is CNN:
+            keys = jax.random.split(jax.random.key(0), len(spec) + 1)
+            convs = [{"w": jax.random.normal(k, (3, 3, a, b)) * np.sqrt(2.0 / (9 * a)),
+                      "b": jnp.zeros(b)} for k, (a, b) in zip(keys, spec)]  # fmt: skip
+            flat = 64 * spec[-1][1]
+            dense = {"w": jax.random.normal(keys[-1], (flat, 10)) * np.sqrt(2.0 / flat),
+                     "b": jnp.zeros(10)}  # fmt: skip
+            return [*convs, dense]
+        keys = jax.random.split(jax.random.key(0), len(spec) - 1)
         return [
             {"w": jax.random.normal(k, (a, b)) * np.sqrt(2.0 / a), "b": jnp.zeros(b)}
-            for k, a, b in zip(keys, sizes[:-1], sizes[1:])
+            for k, a, b in zip(keys, spec[:-1], spec[1:])
         ]
 
     def loss_fn(params, x, y):
-        for layer in params[:-1]:
-            x = jax.nn.relu(x @ layer["w"] + layer["b"])
+        if params[0]["w"].ndim == 4:  # the CNN: images as NHWC
+            x = x.reshape(-1, 8, 8, 1)
+            for layer in params[:-1]:
+                x = jax.lax.conv_general_dilated(
+                    x, layer["w"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+                )
+                x = jax.nn.relu(x + layer["b"])
+            x = x.reshape(x.shape[0], -1)
+        else:
+            for layer in params[:-1]:
+                x = jax.nn.relu(x @ layer["w"] + layer["b"])
         logits = x @ params[-1]["w"] + params[-1]["b"]
         return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 

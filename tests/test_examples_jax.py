@@ -58,7 +58,7 @@ def test_the_mpi4jax_benchmark_runs_horovodlites_side_without_mpi4jax(tmp_path):
     pytest.importorskip("sklearn")
     out = tmp_path / "bench.json"
     tiny = ["--np", "2", "--sizes", "1K", "--contenders", "hvd-jit,mpi4py,hvd-numpy,local,hvd",
-            "--models", "digits", "--repeats", "1", "--block-seconds", "0.01", "--rounds", "1",
+            "--models", "digits,cnn", "--repeats", "1", "--block-seconds", "0.01", "--rounds", "1",
             "--steps", "2", "--warmup", "1", "--plot", "", "--out", str(out)]  # fmt: skip
     result = subprocess.run([sys.executable, str(BENCHMARK), *tiny], capture_output=True,
                             text=True, timeout=300)  # fmt: skip
@@ -66,7 +66,8 @@ def test_the_mpi4jax_benchmark_runs_horovodlites_side_without_mpi4jax(tmp_path):
     report = json.loads(out.read_text())
     assert {(r["contender"], r["exact"]) for r in report["allreduce"]} == {
         ("hvd-jit", True), ("mpi4py", True), ("hvd-numpy", True)}  # fmt: skip
-    assert {r["contender"] for r in report["training"]} == {"local", "hvd"}
+    assert {(r["model"], r["contender"]) for r in report["training"]} == {
+        ("digits", "local"), ("digits", "hvd"), ("cnn", "local"), ("cnn", "hvd")}  # fmt: skip
     assert all(r["steps_per_s"] > 0 for r in report["training"])
 
 
