@@ -13,6 +13,7 @@ import dataclasses
 from typing import Callable, Optional
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -263,6 +264,17 @@ class EvenRanks:
     def __exit__(self, *exc):
         if self.process_set is not None:
             self.hvd.remove_process_set(self.process_set)
+
+    def module_fixture(self):
+        """Return a module-scoped autouse fixture that registers the set for the module's tests
+        (assign it to a module-level name for pytest to find)."""
+
+        @pytest.fixture(scope="module", autouse=True)
+        def even_ranks():
+            with self:
+                yield
+
+        return even_ranks
 
     def of(self, case: Case):
         """Return the process set `case` runs on."""

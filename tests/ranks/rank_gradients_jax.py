@@ -41,16 +41,8 @@ OPS = Ops(
     },
 )
 
-_even: list = []  # the EvenRanks of this module's session
-
-
-@pytest.fixture(scope="module", autouse=True)
-def even_ranks():
-    """The process set of the even ranks, made once: cases with `subset` reduce within it."""
-    with EvenRanks(hvd) as even:
-        _even.append(even)
-        yield
-        _even.pop()
+EVEN = EvenRanks(hvd)  # cases with `subset` reduce within the even ranks' process set
+even_ranks = EVEN.module_fixture()
 
 
 class Traced:
@@ -95,7 +87,7 @@ def run_case(case: Case, jit: bool = False) -> list:
         expected_out = outputs(case, everyone, OPS)[me]
         # This rank, through horovodlite.
         binding = Traced(case) if jit else hvd
-        process_set = _even[-1].of(case)
+        process_set = EVEN.of(case)
 
         def loss(xs):
             ys = run_collective(binding, case, xs, process_set)

@@ -45,20 +45,12 @@ OPS = Ops(
     },
 )
 
-_even: list = []  # the EvenRanks of this module's session
-
-
-@pytest.fixture(scope="module", autouse=True)
-def even_ranks():
-    """The process set of the even ranks, made once: cases with `subset` reduce within it."""
-    with EvenRanks(hvd) as even:
-        _even.append(even)
-        yield
-        _even.pop()
+EVEN = EvenRanks(hvd)  # cases with `subset` reduce within the even ranks' process set
+even_ranks = EVEN.module_fixture()
 
 
 def _call(case: Case, xs: list) -> list:
-    return run_collective(hvd, case, xs, _even[-1].of(case))
+    return run_collective(hvd, case, xs, EVEN.of(case))
 
 
 def _expected(case: Case, me: int):
