@@ -84,7 +84,11 @@ def main() -> None:
     args = parser.parse_args()
     hvd.init()
     comm = MPI.COMM_WORLD.Dup()
-    report = {"ranks": comm.size, "load_average_before": os.getloadavg(), "sizes": {}}
+    # `auto` spins as init() chose: not at all where ranks outnumber cores, and then `auto` and
+    # `auto-yielding` are the same code.
+    spin = hvd.state.current().watch._spin
+    report = {"ranks": comm.size, "auto_spin_us": spin * 1e6,
+              "load_average_before": os.getloadavg(), "sizes": {}}  # fmt: skip
     for nbytes in (1024, 64 * 1024):
         stats = measure(comm, hvd.state.current(), nbytes, args.blocks, args.calls)
         report["sizes"][str(nbytes)] = stats

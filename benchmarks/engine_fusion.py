@@ -31,11 +31,11 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
 import numpy as np
+from training_jobs import job_result, run_job
 
 # torchvision.models.resnet50(): the shapes of its 161 parameters, in named_parameters() order.
 RESNET50_SHAPES = [
@@ -439,17 +439,13 @@ def worker(args) -> None:
 
 def launch_paths(args) -> list:
     """Run every --paths framework at every --np count; return their results."""
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     results = []
     for path in args.paths:
         for np_ in args.np:
-            command = [mpiexec if os.path.exists(mpiexec) else "mpiexec", "-n", str(np_),
-                       sys.executable, os.path.abspath(__file__), "--worker", "--path", path,
+            command = [sys.executable, os.path.abspath(__file__), "--worker", "--path", path,
                        "--repeats", str(args.repeats)]  # fmt: skip
-            print(f"$ {' '.join(command)}", file=sys.stderr, flush=True)
-            out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-            line = next(line for line in out.splitlines() if line.startswith("RESULT "))
-            results.append(json.loads(line[len("RESULT ") :]))
+            print(f"$ {np_} ranks: {' '.join(command)}", file=sys.stderr, flush=True)
+            results.append(job_result(run_job(np_, command)))
             results[-1]["load_average"] = os.getloadavg()
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)  # kept if a later job fails
     return results
@@ -484,17 +480,13 @@ def report_paths(results: list) -> str:
 
 
 def launch(args) -> list:
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     results = []
     for np_ in args.np:
-        command = [mpiexec if os.path.exists(mpiexec) else "mpiexec", "-n", str(np_),
-                   sys.executable, os.path.abspath(__file__), "--worker",
+        command = [sys.executable, os.path.abspath(__file__), "--worker",
                    "--repeats", str(args.repeats), "--idle-seconds", str(args.idle_seconds),
                    "--tensors", str(args.tensors), "--steps", str(args.steps)]  # fmt: skip
-        print(f"$ {' '.join(command)}", file=sys.stderr, flush=True)
-        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-        line = next(line for line in out.splitlines() if line.startswith("RESULT "))
-        results.append(json.loads(line[len("RESULT ") :]))
+        print(f"$ {np_} ranks: {' '.join(command)}", file=sys.stderr, flush=True)
+        results.append(job_result(run_job(np_, command)))
     return results
 
 

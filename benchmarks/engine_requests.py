@@ -26,12 +26,12 @@ import io
 import json
 import os
 import pstats
-import subprocess
 import sys
 import threading
 import time
 
 import numpy as np
+from training_jobs import job_result, run_job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONTENDERS = ("async, 2 threads", "async, 1 thread", "one sync each", "grouped")
@@ -213,18 +213,14 @@ def worker(args) -> None:
 
 
 def launch(args) -> list:
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     results = []
     for np_ in args.np:
-        command = [mpiexec if os.path.exists(mpiexec) else "mpiexec", "-n", str(np_),
-                   sys.executable, os.path.abspath(__file__), "--worker",
+        command = [sys.executable, os.path.abspath(__file__), "--worker",
                    "--repeats", str(args.repeats), "--count", str(args.count),
                    "--values", ",".join(map(str, args.values))]  # fmt: skip
-        print(f"$ {' '.join(command)}", file=sys.stderr, flush=True)
+        print(f"$ {np_} ranks: {' '.join(command)}", file=sys.stderr, flush=True)
         load = os.getloadavg()
-        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-        line = next(line for line in out.splitlines() if line.startswith("RESULT "))
-        results.append(json.loads(line[len("RESULT ") :]))
+        results.append(job_result(run_job(np_, command)))
         results[-1]["load_average"] = [load[0], os.getloadavg()[0]]
     return results
 

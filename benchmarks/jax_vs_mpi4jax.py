@@ -70,6 +70,8 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps before each block")
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--out", default=os.path.join(RESULTS, "jax_vs_mpi4jax.json"))
+    parser.add_argument("--timeout", type=float, default=3600,
+                        help="seconds before a job's ranks are killed")  # fmt: skip
     parser.add_argument("--plot", default=os.path.join(HERE, "..", "docs", "img",
                                                        "bench_jax_mpi4jax.png"))  # fmt: skip
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -407,7 +409,7 @@ def main() -> None:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     load_before = os.getloadavg()
     counts = [int(n) for n in args.np.split(",")]
-    jobs = run_jobs(__file__, counts, sys.argv[1:], args.out, timeout=3600)
+    jobs = run_jobs(__file__, counts, sys.argv[1:], args.out, timeout=args.timeout)
     import jax
 
     versions = {"jax": jax.__version__}

@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -32,22 +33,49 @@ def argument_parser(doc: str, contenders: tuple, out: str) -> argparse.ArgumentP
 
 def run_jobs(script: str, counts: list, forwarded: list, out: str, timeout: float) -> list:
     """Run `script ... --worker PART` on each rank count; return the jobs' JSON, in order."""
-    from horovodlite.run.hosts import default_hosts
-    from horovodlite.run.mpi_launcher import build_command, detect_flavour, find_mpiexec
-
-    mpiexec = find_mpiexec()
-    flavour = detect_flavour(mpiexec)
     jobs = []
     for np in counts:
         part = f"{out}.np{np}.tmp"
         command = [sys.executable, "-m", "mpi4py", os.path.abspath(script), *forwarded]
-        argv = build_command(flavour, mpiexec, np, default_hosts(np), command + ["--worker", part])
         print(f"running {np} rank(s) ...", flush=True)
-        subprocess.run(argv, check=True, timeout=timeout)
+        run_job(np, command + ["--worker", part], timeout, capture=False)
         with open(part) as f:
             jobs.append(json.load(f))
         os.remove(part)
     return jobs
+
+
+def run_job(np: int, command: list, timeout: float = 3600, capture: bool = True) -> str:
+    """Run `command` on `np` ranks of this host under the installed mpiexec; return its stdout
+    (empty where not `capture`d: the job prints to the console).
+
+    Raises:
+        subprocess.CalledProcessError: the job failed.
+        TimeoutError: it ran past `timeout` seconds; its whole process group was killed, so no
+            rank is left behind.
+    """
+    from horovodlite.run.hosts import default_hosts
+    from horovodlite.run.mpi_launcher import build_command, detect_flavour, find_mpiexec
+
+    mpiexec = find_mpiexec()
+    argv = build_command(detect_flavour(mpiexec), mpiexec, np, default_hosts(np), command)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture else None, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise TimeoutError(f"{' '.join(argv)}: killed after {timeout} s") from None
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, argv, out)
+    return out or ""
+
+
+def job_result(out: str) -> dict:
+    """Return the JSON a worker printed on its line `RESULT {...}`."""
+    line = next(line for line in out.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
 
 
 def rank_counts(text: str) -> list:

@@ -57,7 +57,7 @@ class Engine:
         self.cycle_time = settings.cycle_time
         self.fusion_threshold = settings.fusion_threshold
         overlap = settings.overlap
-        self.overlap = overlap_pays(state.local_comm.size) if overlap is None else overlap
+        self.overlap = overlap_pays(state.cores_per_rank) if overlap is None else overlap
         self._gather = gathering_times(one_host=state.local_comm.size == state.comm.size)
         self.timeline = None
         self._lock = threading.Lock()

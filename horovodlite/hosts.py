@@ -14,12 +14,13 @@ in horovodlite: several network namespaces with the same host name are several h
 
 import fcntl
 import ipaddress
+import os
 import socket
 import struct
 
 from mpi4py import MPI
 
-__all__ = ["one_host", "interface_address", "reachable_address"]
+__all__ = ["one_host", "cores_per_rank", "share_of_cores", "interface_address", "reachable_address"]
 
 _SIOCGIFADDR = 0x8915  # Linux: the IPv4 address of an interface
 
@@ -31,6 +32,26 @@ def one_host(comm) -> bool:
         return shared.size == comm.size
     finally:
         shared.Free()
+
+
+def cores_per_rank(local_comm) -> float:
+    """Return the cores each rank of this host can have to itself (collective on `local_comm`,
+    the ranks of one host): the cores any of them may run on, shared out among them.
+
+    The union of the ranks' CPU affinities, not one rank's: ranks pinned one to a core each
+    have a core each, and ranks that share a container's two cores have half a core each
+    whatever the machine beneath holds.
+    """
+    if hasattr(os, "sched_getaffinity"):
+        mine = sorted(os.sched_getaffinity(0))
+    else:
+        mine = list(range(os.cpu_count() or 1))
+    return share_of_cores(local_comm.allgather(mine))
+
+
+def share_of_cores(affinities: list) -> float:
+    """Return the cores per rank for ranks that may run on `affinities` (one set of cores each)."""
+    return len(set().union(*map(set, affinities))) / len(affinities)
 
 
 def interface_address(name: str) -> str:

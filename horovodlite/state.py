@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 from .config import Settings
 from .exceptions import NotInitializedError
+from .hosts import cores_per_rank
 from .waiting import Watch
 
 __all__ = [
@@ -113,13 +114,14 @@ class State:
         self.comm = user_comm.Dup()
         self.local_comm = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.comm.rank)
         self.cross_comm = self.comm.Split(color=self.local_comm.rank, key=self.comm.rank)
+        self.cores_per_rank = cores_per_rank(self.local_comm)
         local_sizes = self.comm.allgather(self.local_comm.size)
         self.homogeneous = len(set(local_sizes)) == 1
         self.process_sets = ProcessSetRegistry(self.comm)
         self.watch = Watch(
             self.comm.Dup(), settings.collective_timeout, settings.stall_check, generation,
             waiting_marker=_waiting_marker(settings.exit_report_dir),
-            ranks_on_host=self.local_comm.size,
+            cores_per_rank=self.cores_per_rank,
         )  # fmt: skip
         self.engine: Any = None
 

@@ -95,7 +95,8 @@ class Watch:
         generation: the number of this init() in the process, the same on every rank.
         waiting_marker: a file to hold while a wait is long (horovodlite-run's exit watch reads
             it: a rank that ends while it waits on others did not end the job), or None.
-        ranks_on_host: the job's ranks on this host (a check spins only if each has a core).
+        cores_per_rank: the cores each rank of this host has to itself (hosts.cores_per_rank):
+            a check spins only where that is at least one.
     """
 
     def __init__(
@@ -105,7 +106,7 @@ class Watch:
         stall_check: float,
         generation: int,
         waiting_marker: Optional[str] = None,
-        ranks_on_host: int = 1,
+        cores_per_rank: float = 1.0,
     ):
         self.comm, self.timeout, self.stall_check = comm, timeout, stall_check
         # MPI may reuse a freed communicator's context for a new one, so a notice sent before a
@@ -121,7 +122,7 @@ class Watch:
         self._own: dict = {}  # digest -> this rank's threads in a long wait there now
         self._closed = False
         self._waiting_marker = waiting_marker
-        self._spin = _SPIN_SECONDS if _cores_per_rank(ranks_on_host) >= 1 else 0.0
+        self._spin = _SPIN_SECONDS if cores_per_rank >= 1 else 0.0
 
     # -- notices ------------------------------------------------------------------------------
 
@@ -353,12 +354,6 @@ class Watch:
             "(every rank must call the same collectives before it shuts down or exits); the "
             "job is torn down"
         )
-
-
-def _cores_per_rank(ranks_here: int) -> float:
-    """Return the cores each of the `ranks_here` ranks of this host can have to itself."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return min(usable, (os.cpu_count() or 1) / ranks_here)
 
 
 def _mark(path: str, present: bool) -> bool:

@@ -22,7 +22,6 @@ and nobody waits (`gathering_left`), for longer on one host than across hosts.
 """
 
 import contextlib
-import os
 import threading
 import time
 
@@ -57,15 +56,15 @@ GATHER_ONE_HOST = (0.5, 5.0)  # (QUIET, LONGEST) seconds
 GATHER_ACROSS_HOSTS = (0.05, 0.5)
 
 
-def overlap_pays(ranks_here: int) -> bool:
-    """Return whether each of the `ranks_here` ranks of this host has a spare core for its engine.
+def overlap_pays(cores_per_rank: float) -> bool:
+    """Return whether each rank of this host has a spare core for its engine
+    (`cores_per_rank`: hosts.cores_per_rank).
 
     Where every rank has one core (ranks >= cores: CPU training on a small machine), the
     engine's work during the backward pass is added to it rather than hidden behind it
     (measured in docs/torch.md), so the engine then cycles only once results are waited for.
     """
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return min(usable, (os.cpu_count() or 1) / ranks_here) >= 2
+    return cores_per_rank >= 2
 
 
 def gathering_times(one_host: bool) -> tuple:

@@ -1,5 +1,6 @@
 """Single-process unit tests of the core: imports, reduce ops, chunking, messages, init guard."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -357,14 +358,13 @@ def test_pieces_slices_within_a_piece_and_the_ring_cuts_its_segments_at_their_bo
 
 
 @pytest.mark.parametrize("cores, spins", [(4, True), (1, True), (0.5, False)])
-def test_a_check_spins_only_where_each_rank_has_a_core(monkeypatch, cores, spins):
+def test_a_check_spins_only_where_each_rank_has_a_core(cores, spins):
     from mpi4py import MPI
 
     from horovodlite import waiting
 
-    monkeypatch.setattr(waiting, "_cores_per_rank", lambda ranks_here: cores)
     comm = MPI.COMM_SELF.Dup()
-    watch = waiting.Watch(comm, timeout=5.0, stall_check=5.0, generation=0)
+    watch = waiting.Watch(comm, timeout=5.0, stall_check=5.0, generation=0, cores_per_rank=cores)
     try:
         assert (watch._spin > 0) is spins
         sent, received = np.arange(3), np.zeros(3, dtype=np.int64)
@@ -376,11 +376,13 @@ def test_a_check_spins_only_where_each_rank_has_a_core(monkeypatch, cores, spins
         comm.Free()
 
 
-def test_cores_per_rank_counts_the_ranks_of_the_host(monkeypatch):
-    from horovodlite import waiting
+def test_cores_per_rank_shares_the_union_of_the_ranks_affinities():
+    from mpi4py import MPI
 
-    monkeypatch.setattr(waiting.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(waiting.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    assert waiting._cores_per_rank(2) == 1
-    assert waiting._cores_per_rank(4) == 0.5
-    assert waiting._cores_per_rank(1) == 2
+    from horovodlite.hosts import cores_per_rank, share_of_cores
+
+    assert share_of_cores([{0, 1}] * 4) == 0.5  # four ranks in a two-core container
+    assert share_of_cores([{0}, {1}, {2}, {3}]) == 1  # pinned one to a core each
+    assert share_of_cores([{0, 1}, {0, 1}]) == 1
+    assert share_of_cores([range(8)]) == 8
+    assert cores_per_rank(MPI.COMM_SELF) == len(os.sched_getaffinity(0))
