@@ -178,9 +178,9 @@ def _lay_out_one(entry: FusionEntry, xp, module, takes_source: bool) -> Layout:
     array = entry.array
     on_device = module is xp
     if on_device:
-        own = adjacent_span([entry])
-        if own is not None:
-            return Layout([own], [True], None, [], [None], [False])
+        # (numpy may mark an array read-only; CuPy's arrays are always writeable)
+        if entry.inplace and array.flags.c_contiguous and getattr(array.flags, "writeable", True):
+            return Layout([array.reshape(-1)], [True], None, [], [None], [False])
         if takes_source and not entry.inplace and entry.prescale == 1.0:
             if array.flags.c_contiguous:
                 result = module.empty(array.size, dtype=array.dtype)

@@ -313,6 +313,20 @@ def test_layout_of_one_array_in_place_out_of_place_and_strided():
     assert layout.copied and layout.copy_back == [True] and layout.factor_on_copy_back
 
 
+def test_one_in_place_array_on_a_device_is_reduced_where_it_lies():
+    import types
+
+    from horovodlite.fusion import FusionEntry, lay_out
+
+    # A stand-in for CuPy: any array module other than numpy whose data stays on its device.
+    device = types.SimpleNamespace(__name__="device", empty=np.empty)
+    x = np.arange(6.0).reshape(2, 3)
+    entry = FusionEntry(x, device, True, ReduceOp.SUM, 1.0, 1.0, None)
+    layout = lay_out([entry], device, device, False)
+    assert np.shares_memory(layout.pieces[0], x) and layout.lying == [True]
+    assert not layout.copied and layout.results == [None] and layout.copy_back == [False]
+
+
 def test_layout_of_a_batch_decides_each_array_once():
     from horovodlite.fusion import lay_out
 
