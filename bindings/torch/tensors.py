@@ -55,6 +55,11 @@ class TensorView:
             with torch.no_grad():
                 self.tensor.copy_(self.to_tensor(array).reshape(self.tensor.shape))
         else:
+            if self.tensor.is_cuda:
+                # NCCL's result is ordered on CuPy's null stream (transport._run); a caller on a
+                # side stream of its own would not wait for it without this.
+                device = self.tensor.device
+                torch.cuda.current_stream(device).wait_stream(torch.cuda.default_stream(device))
             torch.autograd.graph.increment_version(self.tensor)
         return self.tensor
 
