@@ -42,14 +42,18 @@ Product = ReduceOp.PRODUCT
 # rounds the same way.
 
 
+# Both run on every small all-reduce: they compare a resolved op (a member, as resolve_op gives)
+# by identity with the members bound above, not through the Enum's class attribute and `==`.
+
+
 def combined_as(op: ReduceOp) -> ReduceOp:
     """Return the op that combines the ranks' contributions: Sum for Average, else `op`."""
-    return ReduceOp.SUM if op == ReduceOp.AVERAGE else op
+    return Sum if op is Average else op
 
 
 def result_factor(op: ReduceOp, postscale: float, size: int) -> float:
     """Return what the combined result is multiplied by: `postscale`, over `size` for Average."""
-    return postscale / size if op == ReduceOp.AVERAGE else postscale
+    return postscale / size if op is Average else postscale
 
 
 # The elementwise kernel that combines two contributions.
