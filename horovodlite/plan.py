@@ -110,8 +110,8 @@ def synchronous(make_plan: Callable, name: str, **fixed) -> Callable:
     return collective
 
 
-def signature_of(make_plan: Callable, fixed: dict, returns=inspect.Signature.empty):
+def signature_of(make_plan: Callable, fixed: dict):
     """Return the signature a collective built on `make_plan` shows: its arguments less `fixed`."""
     signature = inspect.signature(make_plan)
     kept = [p for name, p in signature.parameters.items() if name not in fixed]
-    return signature.replace(parameters=kept, return_annotation=returns)
+    return signature.replace(parameters=kept, return_annotation=inspect.Signature.empty)

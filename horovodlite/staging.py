@@ -11,7 +11,6 @@ import threading
 
 import numpy as np
 
-from .algorithms.scratch import scratch
 from .buffers import synchronize_device
 
 __all__ = [
@@ -21,7 +20,6 @@ __all__ = [
     "host_scratch",
     "deliver",
     "scale",
-    "scaled_copy",
 ]
 
 
@@ -71,13 +69,11 @@ _pinned = threading.local()
 
 
 def host_scratch(xp, dtype, count: int):
-    """Return a reused flat host array of `count` elements for staging arrays of module `xp`.
+    """Return a reused flat host array of `count` elements for staging arrays of CuPy (`xp`).
 
-    For CuPy arrays it is page-locked (pinned) memory, one per thread and dtype, grown to the
-    largest batch staged so far.
+    It is page-locked (pinned) memory, one per thread and dtype, grown to the largest batch
+    staged so far.
     """
-    if xp is np:
-        return scratch(np, dtype, count, "staging")
     cache = getattr(_pinned, "buffers", None)
     if cache is None:
         cache = _pinned.buffers = {}
@@ -129,18 +125,6 @@ def scale(xp, buf, factor: float) -> None:
     """
     if factor != 1.0:
         xp.multiply(buf, _factor_type(xp, buf.dtype)(factor), out=buf, casting="unsafe")
-
-
-def scaled_copy(xp, buf, factor: float, target=None):
-    """Return `buf` times `factor` (as scale() rounds), written into `target` where it is a
-    contiguous array of `buf`'s dtype, else into a new array."""
-    contiguous = target is not None and target.flags.c_contiguous and target.dtype == buf.dtype
-    out = target.reshape(-1) if contiguous else xp.empty_like(buf)
-    if factor == 1.0:
-        out[...] = buf
-    else:
-        xp.multiply(buf, _factor_type(xp, buf.dtype)(factor), out=out, casting="unsafe")
-    return out
 
 
 def _factor_type(xp, dtype):

@@ -1,11 +1,11 @@
-"""Unit tests of the fused gradient path's helpers (issue #27): gathering and scaled copies."""
+"""Unit tests of the fused gradient path's helpers (issue #27): gathering, scaled results."""
 
 import time
 
 import numpy as np
 import pytest
 
-from horovodlite.staging import scale, scaled_copy
+from horovodlite.staging import deliver, scale
 from horovodlite.wakeup import GATHER_ACROSS_HOSTS, GATHER_ONE_HOST, gathering_left
 
 
@@ -24,22 +24,22 @@ def test_gathering_goes_on_while_requests_keep_coming(quiet, longest):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int32, np.int64])
 @pytest.mark.parametrize("factor", [1.0, 0.5, 1 / 3])
-def test_scaled_copy_rounds_as_scale_in_place(dtype, factor):
+def test_a_result_scaled_on_its_way_back_rounds_as_scale_in_place(dtype, factor):
     buf = (np.arange(-7, 17) * 3).astype(dtype)
     expected = buf.copy()
     scale(np, expected, factor)
     target = np.zeros((4, 6), dtype=dtype)
-    out = scaled_copy(np, buf, factor, target)
-    assert np.shares_memory(out, target)
+    out = deliver(buf.copy(), target, np, inplace=True, factor=factor)
+    assert out is target
     np.testing.assert_array_equal(target.reshape(-1), expected)
-    fresh = scaled_copy(np, buf, factor)
-    assert not np.shares_memory(fresh, buf)
-    np.testing.assert_array_equal(fresh, expected)
+    fresh = deliver(buf.copy(), target, np, inplace=False, factor=factor)
+    assert not np.shares_memory(fresh, target)
+    np.testing.assert_array_equal(fresh.reshape(-1), expected)
 
 
-def test_scaled_copy_into_a_strided_target_returns_a_new_array():
+def test_a_result_scaled_into_a_strided_array_lands_there():
     buf = np.arange(6, dtype=np.float32)
     target = np.zeros((6, 2), dtype=np.float32)[:, 0]
-    out = scaled_copy(np, buf, 2.0, target)
-    assert not np.shares_memory(out, target)
-    np.testing.assert_array_equal(out, buf * 2)
+    out = deliver(buf.copy(), target, np, inplace=True, factor=2.0)
+    assert out is target
+    np.testing.assert_array_equal(target, buf * 2)

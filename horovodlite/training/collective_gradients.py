@@ -41,7 +41,7 @@ from ..asynchronous import (
     synchronize,
 )
 from ..buffers import array_module
-from ..ops import ReduceOp
+from ..ops import ReduceOp, result_factor
 from ..process_sets import ProcessSet, global_process_set
 from ..state import rank
 
@@ -133,8 +133,9 @@ def _reduction_gradient(
             "(DistributedOptimizer(op=hvd.Adasum)); inside a model use op=hvd.Sum or hvd.Average"
         )
     upstream = start_upstream(grads, process_set, name)
-    pre, post = prescale_factor, postscale_factor
-    return _through_reduction(upstream, inputs, op, pre, post, _set(process_set), name)
+    return _through_reduction(
+        upstream, inputs, op, prescale_factor, postscale_factor, _set(process_set), name
+    )
 
 
 def _through_reduction(
@@ -147,7 +148,7 @@ def _through_reduction(
     """
     scale = pre * post
     if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
-        factor = scale / process_set.size() if op == ReduceOp.AVERAGE else scale
+        factor = result_factor(op, scale, process_set.size())  # (Average's division)
         return lambda: [_scaled(g, factor) for g in upstream()]
     if inputs is None:
         raise ValueError(f"the gradient of a {op.name} reduction needs the forward's inputs")
