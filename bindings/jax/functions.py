@@ -38,13 +38,22 @@ def _broadcast_tree(what: str, tree, root_rank, process_set):
     Arrays travel by broadcast, other leaves (Python numbers, strings) as one object.
     """
     refuse_in_trace(what, "it runs once, before training, on concrete arrays", ())
+    host_arrays(())  # after the collectives of every step JAX has dispatched
     process_set = process_set or global_process_set
     leaves, treedef = jax.tree.flatten(tree)
     description = (str(treedef), [_describe(leaf) for leaf in leaves])
-    everyone = core.allgather_object(description, name=f"{what}.structure", process_set=process_set)
+    # Every rank's root travels with its structure, so a rank that names another root (or one
+    # outside the set) makes every rank raise the same error, not only itself.
+    gathered = core.allgather_object(
+        (root_rank, description), name=f"{what}.structure", process_set=process_set
+    )
     ranks = process_set.ranks
+    roots = [theirs for theirs, _ in gathered]
+    if len(set(roots)) > 1:
+        raise ValueError(f"{what}: the ranks {ranks} name the roots {roots}: pass the same one")
     if root_rank not in ranks:
         raise ValueError(f"{what}: root_rank {root_rank} is not in the process set {ranks}")
+    everyone = [theirs for _, theirs in gathered]
     root = everyone[ranks.index(root_rank)]
     differ = [rank for rank, theirs in zip(ranks, everyone) if theirs != root]
     if differ:

@@ -57,7 +57,8 @@ def _set(process_set: Optional[ProcessSet]) -> ProcessSet:
 
 
 def _arrays(tensors) -> list:
-    return [jnp.asarray(t) for t in tensors]
+    """Return `tensors` as jax.Arrays; those that are already (tracers too) pass unconverted."""
+    return [t if isinstance(t, jax.Array) else jnp.asarray(t) for t in tensors]
 
 
 # -- differentiation --------------------------------------------------------------------------
@@ -272,23 +273,11 @@ def grouped_reducescatter(
 # -- allgather --------------------------------------------------------------------------------
 
 
-def _gathered_rows(what: str, x, rows, process_set: ProcessSet) -> int:
-    """Return the rows `x`'s allgather will have: from `rows` (every rank's), else size * own."""
+def _gathered_rows(x, rows, process_set: ProcessSet) -> int:
+    """Return the rows `x`'s allgather will have: the sum of `rows` (every rank's), else size *
+    own. Nothing is checked here, on this rank alone: _checked_allgather checks on every rank."""
     own = x.shape[0] if x.ndim else 0
-    if rows is None:
-        return process_set.size() * own
-    rows = [int(r) for r in rows]
-    if len(rows) != process_set.size():
-        raise ValueError(
-            f"{what}: rows has {len(rows)} entries, expected one per rank of the process set "
-            f"({process_set.size()})"
-        )
-    if rows[process_set.rank()] != own:
-        raise ValueError(
-            f"{what}: rows[{process_set.rank()}] is {rows[process_set.rank()]}, but this rank's "
-            f"tensor has {own} rows"
-        )
-    return sum(rows)
+    return process_set.size() * own if rows is None else sum(int(r) for r in rows)
 
 
 def _checked_allgather(what: str, name, process_set: ProcessSet, totals: list, *arrays) -> list:
@@ -320,7 +309,7 @@ def _allgathered(tensors: list, name, process_set, rows: list, grouped: bool) ->
     process_set = _set(process_set)
     what = "grouped_allgather" if grouped else "allgather"
     xs = _arrays(tensors)
-    totals = [_gathered_rows(what, x, r, process_set) for x, r in zip(xs, rows)]
+    totals = [_gathered_rows(x, r, process_set) for x, r in zip(xs, rows)]
 
     def host(*arrays):
         if grouped:
@@ -329,8 +318,9 @@ def _allgathered(tensors: list, name, process_set, rows: list, grouped: bool) ->
         return [core.allgather(arrays[0], name=name, process_set=process_set)]
 
     def forward(xs):
-        if not traced(xs):
+        if not traced(xs) and all(r is None for r in rows):
             return run_on_host(what, host, xs)
+        # Inside jit, or eagerly with rows stated: the statement is checked on every rank.
         checked = functools.partial(_checked_allgather, what, name, process_set, totals)
         shapes = [(t, *x.shape[1:]) if x.ndim else () for t, x in zip(totals, xs)]
         return run_on_host(
@@ -358,7 +348,7 @@ def allgather(tensor, name=None, process_set=global_process_set, *, rows=None) -
         rows: dimension 0 of every rank's tensor, in the process set's rank order. Inside
             jax.jit the output's shape is fixed when traced: without `rows`, every rank must
             have this rank's rows. A wrong shape raises on every rank. Outside jit the rows may
-            differ freely.
+            differ freely; `rows`, if given, is checked there too.
     """
     return _allgathered([tensor], name, process_set, [rows], grouped=False)[0]
 

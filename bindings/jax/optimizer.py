@@ -36,18 +36,19 @@ class DistributedState(NamedTuple):
 def _allreduce_tree(grads, settings: ReductionSettings, name=None):
     """Return the pytree `grads` reduced over the ranks as `settings` say (inside jit too).
 
-    Every leaf is compressed, the leaves go as one grouped all-reduce in one host call (inside
-    a trace the small ones packed into one array per dtype), then they are decompressed. Alone
-    in its process set a rank sends nothing.
+    The leaves that travel are compressed, go as one grouped all-reduce in one host call (inside
+    a trace the small ones packed into one array per dtype), then are decompressed. Alone in its
+    process set a rank sends nothing and compresses nothing: its gradients stay as they are.
     """
     leaves, treedef = jax.tree.flatten(grads)
-    wires = [settings.compression.compress(leaf) for leaf in leaves]
     prefix = name or "DistributedOptimizer"
 
     def reduce(tensors: list) -> list:
         if not tensors:
             return []
         what = "DistributedOptimizer's all-reduce"
+        wires = [settings.compression.compress(t) for t in tensors]
+        tensors = [wire for wire, _ in wires]
         if traced(tensors):  # small gradients as one argument per dtype
             tensors, unpack = packed(tensors)
         else:
@@ -58,13 +59,11 @@ def _allreduce_tree(grads, settings: ReductionSettings, name=None):
         args = (prefix, settings.reduce_kwargs, len(tensors) > 1)
         host = functools.partial(allreduce_arrays, *args)
         into = functools.partial(allreduce_into, *args)
-        return unpack(run_on_host(what, host, tensors, lambda: [like(t) for t in tensors], into))
+        reduced = unpack(run_on_host(what, host, tensors, lambda: [like(t) for t in tensors], into))
+        return [settings.compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, wires)]
 
-    reduced = reduce_gradients(
-        [wire for wire, _ in wires], settings, reduce=reduce, scale=lambda t, f: t * f
-    )
-    out = [settings.compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, wires)]
-    return jax.tree.unflatten(treedef, out)
+    reduced = reduce_gradients(leaves, settings, reduce=reduce, scale=lambda t, f: t * f)
+    return jax.tree.unflatten(treedef, reduced)
 
 
 def DistributedOptimizer(

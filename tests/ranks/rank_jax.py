@@ -2,6 +2,8 @@
 errors on every rank, what JAX cannot do (vmap, handles in a trace), and DistributedOptimizer.
 """
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -159,8 +161,14 @@ def test_allgather_rows_that_differ_from_the_trace_raise_on_every_rank():
     held = [k + 1 for k in range(n)]
     raised_everywhere(call, "fixed when traced", f"hold {held}", f"rows={held}")
     still_in_step()
-    with pytest.raises(ValueError, match=f"rows has {n + 1} entries"):
-        hvd.allgather(jnp.ones(1), rows=[1] * (n + 1))
+    # One rank alone states wrong rows (an entry too many), eagerly and inside jit: every rank
+    # raises, none is left waiting in the allgather.
+    rows = [1] * (n + 1) if r == n - 1 else [1] * n
+    with pytest.raises(ValueError, match=f"rank {n - 1} expected {n + 1} rows"):
+        hvd.allgather(jnp.ones(1), name="bad.rows.eager", rows=rows)
+    call = JittedCall(lambda a: hvd.allgather(a, name="bad.rows.one", rows=rows), jnp.ones(1))
+    raised_everywhere(call, f"rank {n - 1} expected {n + 1} rows", f"rows={[1] * n}")
+    still_in_step()
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -400,6 +408,13 @@ def test_broadcast_parameters_of_different_trees_raises_on_every_rank():
     tree = {"w": jnp.ones(2)} if r else {"v": jnp.ones(2)}
     with pytest.raises(ValueError, match="its structure is"):
         hvd.broadcast_parameters(tree, root_rank=0)
+    # One rank names another root, then one outside the set: every rank raises.
+    roots = [0] * n
+    roots[n - 1] = n - 1
+    with pytest.raises(ValueError, match=re.escape(f"name the roots {roots}")):
+        hvd.broadcast_parameters({"w": jnp.ones(2)}, root_rank=roots[r])
+    with pytest.raises(ValueError, match=f"root_rank {n} is not in the process set"):
+        hvd.broadcast_optimizer_state({"w": jnp.ones(2)}, root_rank=n)
     still_in_step()
 
 
@@ -420,6 +435,20 @@ def test_distributed_optimizer_averages_the_gradients(mode):
         assert updates["b"].dtype == np.float32
         assert updates["w"].tolist() == [[-mean * factor] * 2] * 2, kwargs
         assert updates["b"].tolist() == [-mean * factor] * 3, kwargs
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_distributed_optimizer_compresses_only_what_travels(mode):
+    # fp16 on the wire rounds 1/3 and flushes 1e-8 to zero; alone in its set a rank sends
+    # nothing, so its update is the plain optimizer's, as one process's.
+    tx = hvd.DistributedOptimizer(optax.sgd(1.0), compression=hvd.Compression.fp16)
+    params = {"w": jnp.zeros(2)}
+    grads = {"w": jnp.array([1e-8, 1 / 3], dtype=jnp.float32)}
+    updates, _ = run(mode, tx.update, grads, tx.init(params), params)
+    if hvd.size() == 1:
+        assert updates["w"].tolist() == (-grads["w"]).tolist()
+    else:
+        assert updates["w"].tolist() == [0.0, -float(np.float16(1 / 3))]
 
 
 def test_distributed_optimizer_packs_small_gradients_inside_jit():
