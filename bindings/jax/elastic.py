@@ -111,19 +111,9 @@ class JaxState(HandlerState):
         jax.effects_barrier()
         super().check_host_updates()
 
-    def restore(self) -> None:
-        super().restore()
-        self._show_values()
-
     def sync(self) -> None:
         jax.effects_barrier()
         super().sync()
-        self._show_values()
-
-    def _show_values(self) -> None:
-        """Point the attributes at the handlers' values, which restore and sync replaced."""
-        for name, handler in self._handlers.items():
-            object.__setattr__(self, name, handler.value)
 
 
 def run(func: Callable) -> Callable:

@@ -22,6 +22,7 @@ import numpy as np
 import horovodlite as core
 import jax
 import jax.numpy as jnp
+from horovodlite.algorithms.scratch import chunk_bounds
 from horovodlite.process_sets import ProcessSet, global_process_set
 from horovodlite.training import collective_gradients, reduce_kwargs
 
@@ -218,8 +219,8 @@ def _scattered_shape(process_set: ProcessSet) -> Callable:
     def shape(x):
         if x.ndim == 0:  # rejected by the core on every rank
             return like(x)
-        rows = x.shape[0] // size + (1 if me < x.shape[0] % size else 0)
-        return jax.ShapeDtypeStruct((rows, *x.shape[1:]), x.dtype)
+        start, stop = chunk_bounds(x.shape[0], size)[me]  # the core's split of the rows
+        return jax.ShapeDtypeStruct((stop - start, *x.shape[1:]), x.dtype)
 
     return shape
 

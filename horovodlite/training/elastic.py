@@ -233,6 +233,7 @@ class HandlerState(ObjectState):
     def restore(self) -> None:
         for handler in self._handlers.values():
             handler.restore()
+        self._show_values()
         super().restore()
 
     def sync(self) -> None:
@@ -241,7 +242,14 @@ class HandlerState(ObjectState):
         for handler in self._handlers.values():
             handler.sync()
             handler.save()
+        self._show_values()
         super().sync()
+
+    def _show_values(self) -> None:
+        """Point the attributes at the handlers' values: a handler of immutable values (JAX's
+        pytrees) replaces them on restore and sync, where torch's restores its objects in place."""
+        for name, handler in self._handlers.items():
+            object.__setattr__(self, name, handler.value)
 
     def _snapshot(self):
         snapshot = super()._snapshot()
