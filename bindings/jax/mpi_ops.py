@@ -531,8 +531,12 @@ def _host_inputs(what: str, tensors) -> list:
     return host_arrays(_arrays(tensors))
 
 
-def _one(result) -> jax.Array:
-    return jnp.asarray(result)
+def _started(start: Callable, tensors, grouped: bool, *args, **kwargs) -> Handle:
+    """Start the core's `start` on `tensors` as host arrays (all of them if `grouped`, else the
+    only one); return the Handle whose wait() gives jax.Arrays."""
+    arrays = _host_inputs(start.__name__, tensors)
+    handle = start(arrays if grouped else arrays[0], *args, **kwargs)
+    return Handle(handle, _each if grouped else jnp.asarray, arrays)
 
 
 def _each(results) -> list:
@@ -560,8 +564,7 @@ def allreduce_async(
 ) -> Handle:
     """Start an all-reduce of `tensor`; return a Handle (outside jax.jit only)."""
     args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
-    arrays = _host_inputs("allreduce_async", [tensor])
-    return Handle(core.allreduce_async(arrays[0], name=name, **args), _one, arrays)
+    return _started(core.allreduce_async, [tensor], False, name=name, **args)
 
 
 def grouped_allreduce_async(
@@ -575,29 +578,24 @@ def grouped_allreduce_async(
 ) -> Handle:
     """Start an all-reduce of every tensor in `tensors` (fused); return a Handle of the list."""
     args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
-    arrays = _host_inputs("grouped_allreduce_async", tensors)
-    return Handle(core.grouped_allreduce_async(arrays, name=name, **args), _each, arrays)
+    return _started(core.grouped_allreduce_async, tensors, True, name=name, **args)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
     """Start an allgather along dimension 0; return a Handle."""
-    arrays = _host_inputs("allgather_async", [tensor])
-    handle = core.allgather_async(arrays[0], name=name, process_set=process_set)
-    return Handle(handle, _one, arrays)
+    return _started(core.allgather_async, [tensor], False, name=name, process_set=process_set)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
     """Start an allgather of every tensor in `tensors`; return a Handle of the list."""
-    arrays = _host_inputs("grouped_allgather_async", tensors)
-    handle = core.grouped_allgather_async(arrays, name=name, process_set=process_set)
-    return Handle(handle, _each, arrays)
+    start = core.grouped_allgather_async
+    return _started(start, tensors, True, name=name, process_set=process_set)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """Start a broadcast from global rank `root_rank`; return a Handle."""
-    arrays = _host_inputs("broadcast_async", [tensor])
-    handle = core.broadcast_async(arrays[0], root_rank, name=name, process_set=process_set)
-    return Handle(handle, _one, arrays)
+    start = core.broadcast_async
+    return _started(start, [tensor], False, root_rank, name=name, process_set=process_set)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
@@ -624,8 +622,7 @@ def reducescatter_async(
 ) -> Handle:
     """Start a reduce-scatter along dimension 0; return a Handle."""
     args = reduce_kwargs(op, None, prescale_factor, postscale_factor, process_set)
-    arrays = _host_inputs("reducescatter_async", [tensor])
-    return Handle(core.reducescatter_async(arrays[0], name=name, **args), _one, arrays)
+    return _started(core.reducescatter_async, [tensor], False, name=name, **args)
 
 
 def grouped_reducescatter_async(
@@ -638,8 +635,7 @@ def grouped_reducescatter_async(
 ) -> Handle:
     """Start a reduce-scatter of every tensor in `tensors`; return a Handle of the list."""
     args = reduce_kwargs(op, None, prescale_factor, postscale_factor, process_set)
-    arrays = _host_inputs("grouped_reducescatter_async", tensors)
-    return Handle(core.grouped_reducescatter_async(arrays, name=name, **args), _each, arrays)
+    return _started(core.grouped_reducescatter_async, tensors, True, name=name, **args)
 
 
 # -- join and barrier -------------------------------------------------------------------------
