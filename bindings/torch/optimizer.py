@@ -22,8 +22,26 @@ from .mpi_ops import (
 __all__ = ["DistributedOptimizer"]
 
 
-class _DistributedMixin:
+class Wrapper:
+    """What DistributedOptimizer and ZeroOptimizer put in front of an optimizer's class."""
+
+    _hvd_wrapper = ""  # the wrapper's name, for errors
+
+
+def check_unwrapped(optimizer) -> None:
+    """Raise TypeError if `optimizer` is a DistributedOptimizer or ZeroOptimizer already: both
+    hook the gradients, so a second wrapper would reduce them twice."""
+    if isinstance(optimizer, Wrapper):
+        raise TypeError(
+            f"the optimizer is already a {optimizer._hvd_wrapper}: wrap the plain torch "
+            "optimizer once"
+        )
+
+
+class _DistributedMixin(Wrapper):
     """Methods that a DistributedOptimizer adds in front of the wrapped optimizer's class."""
+
+    _hvd_wrapper = "DistributedOptimizer"
 
     def _hvd_setup(self, *, named_parameters, settings: ReductionSettings) -> None:
         self._hvd_settings = settings
@@ -206,11 +224,6 @@ class _DistributedMixin:
             self._hvd_counts[param] = 0
 
 
-def is_distributed(optimizer) -> bool:
-    """Return whether `optimizer` is a DistributedOptimizer already (wrap a plain one once)."""
-    return isinstance(optimizer, _DistributedMixin)
-
-
 def DistributedOptimizer(
     optimizer,
     named_parameters=None,
@@ -244,7 +257,9 @@ def DistributedOptimizer(
     Raises:
         ValueError, TypeError, NotImplementedError: a bad argument (see ReductionSettings), or
             named_parameters that do not name the optimizer's parameters once each.
+        TypeError: the optimizer is a DistributedOptimizer or ZeroOptimizer already.
     """
+    check_unwrapped(optimizer)
     settings = ReductionSettings.from_arguments(locals())
     cls = type(optimizer.__class__.__name__, (_DistributedMixin, optimizer.__class__), {})
     distributed = cls.__new__(cls)

@@ -21,7 +21,7 @@ from horovodlite.training.sharding import plan_buckets
 from .compression import Compression
 from .functions import allgather_object
 from .mpi_ops import allreduce, allreduce_async_, reducescatter_async, synchronize
-from .optimizer import is_distributed
+from .optimizer import Wrapper, check_unwrapped
 from .tensors import TensorView
 
 __all__ = ["ZeroOptimizer"]
@@ -37,8 +37,10 @@ ELEMENTWISE = (
 _BUCKET_BYTES = 25 * 1024 * 1024  # as DDP's bucket_cap_mb: large enough to fill the wire
 
 
-class _ZeroMixin:
+class _ZeroMixin(Wrapper):
     """Methods that a ZeroOptimizer adds in front of the wrapped optimizer's class."""
+
+    _hvd_wrapper = "ZeroOptimizer"
 
     def _zero_setup(self, *, names: dict, stage: int, settings, bucket_bytes: int) -> None:
         self._zero_stage, self._zero_settings = stage, settings
@@ -454,11 +456,7 @@ def ZeroOptimizer(
         TypeError: an optimizer that does not update elementwise, or one already wrapped.
         ValueError: a bad argument, or models that differ across ranks (on every rank).
     """
-    if isinstance(optimizer, _ZeroMixin) or is_distributed(optimizer):
-        kind = "Zero" if isinstance(optimizer, _ZeroMixin) else "Distributed"
-        raise TypeError(
-            f"the optimizer is already a {kind}Optimizer: wrap the plain torch optimizer once"
-        )
+    check_unwrapped(optimizer)
     if not isinstance(optimizer, ELEMENTWISE):
         supported = ", ".join(c.__name__ for c in ELEMENTWISE)
         raise TypeError(

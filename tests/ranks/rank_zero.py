@@ -203,6 +203,12 @@ def test_mistakes_are_clear_errors():
     zero = hvd.ZeroOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(TypeError, match="already a ZeroOptimizer"):
         hvd.ZeroOptimizer(zero)
+    with pytest.raises(TypeError, match="already a ZeroOptimizer"):
+        hvd.DistributedOptimizer(zero)  # both would hook the gradients
+    distributed = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    for wrap in (hvd.DistributedOptimizer, hvd.ZeroOptimizer):
+        with pytest.raises(TypeError, match="already a DistributedOptimizer"):
+            wrap(distributed)
     with pytest.raises(ValueError, match="stage must be 1 or 2"):
         hvd.ZeroOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), stage=3)
     with pytest.raises(ValueError, match="missing from named_parameters"):
