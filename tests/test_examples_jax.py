@@ -34,8 +34,9 @@ def _run_example(np: int, args: list) -> float:
 
 
 def test_digits_on_4_ranks_reaches_the_accuracy_of_one_process():
-    # The docstring states 0.985 at 4 ranks and 0.975 at 1 with the default settings.
-    assert _run_example(4, ["--target", "0.97"]) >= 0.97
+    # The docstring states 0.985 at 4 ranks and 0.975 at 1 with the default settings (one
+    # process: 0.9748 here); 4 ranks must do at least as well.
+    assert _run_example(4, ["--target", "0.97"]) >= 0.9748
 
 
 def test_digits_few_steps_saves_a_checkpoint_on_rank_0(tmp_path):

@@ -256,6 +256,17 @@ def test_vmap_of_a_collective_raises_a_clear_error():
     still_in_step()
 
 
+def test_forward_mode_and_remat_of_a_collective_raise_as_documented():
+    # docs/jax.md, "What does not work": JAX's own errors, raised before any collective runs.
+    x = jnp.ones(3)
+    with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
+        jax.jvp(lambda v: hvd.allreduce(v), (x,), (x,))
+    remat = jax.checkpoint(lambda v: hvd.allreduce(v).sum())
+    with pytest.raises(NotImplementedError, match="Effects not supported"):
+        jax.jit(jax.grad(remat))(x)
+    still_in_step()
+
+
 def test_handles_and_objects_refuse_a_trace():
     for call in (lambda x: hvd.synchronize(hvd.allreduce_async(x)),
                  lambda x: hvd.broadcast_object(x),
