@@ -62,7 +62,8 @@ class AgreedCache:
 
         A byte is 2 where this rank holds the request with the agreed digest, 1 where it has
         nothing to send (it joined, or is not in the process set), 0 where it does not hold it
-        yet (or holds it with other fields). Set from `pending` alone: no walk over the cache.
+        yet (or holds it with other fields). Set from `pending` and one copy of the membership
+        bytes, with no Python loop over the cache.
         """
         if joined:
             mine = np.ones(len(self._keys), dtype=np.uint8)

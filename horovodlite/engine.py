@@ -69,7 +69,7 @@ class Engine:
         self._pending: dict = {}  # key -> Request waiting for agreement
         self._cache = AgreedCache(self.comm.rank)  # the same on every rank
         self.stalls = StallInspector(settings, state.watch, self.comm.rank)
-        self._join = JoinLedger(self.comm.size)  # read and changed under the lock
+        self._join = JoinLedger(self.comm.size)  # user threads mark joins under the lock
         # (process set id, kind) -> unnamed requests so far: counted per process set, as only
         # its members submit them, so that a set's requests leave the others' names in step.
         self._auto_names: dict = {}

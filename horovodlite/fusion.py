@@ -9,8 +9,10 @@ The synchronous path (one entry) and the engine (a fused batch of entries with e
 - how each result comes back: the array itself, a view of a new buffer (out-of-place results
   need memory of their own, and a new buffer gives it without a copy out), or a copy back into
   an in-place array that did not lie where it could be reduced,
-- for a single out-of-place array, the transport writes the result straight from the input into
-  a new buffer (NCCL's and MPI's separate send and receive buffers), with no copy in,
+- for a single out-of-place array, the input is handed to the transport beside a new result
+  buffer: MPI's own all-reduce and CuPy's NCCL read it as their separate send buffer, with no
+  copy in; a transport or algorithm that reduces in place (the ring, torch's groups) copies it
+  into the result buffer first (`transport.reduce_into`),
 - where the result factor (postscale, over the set's size for Average: ops.result_factor) is
   applied: by the transport as each part of the reduction completes, or on the copy back where
   every result is copied back anyway.

@@ -10,7 +10,8 @@ Beside joined ranks only all-reduces run: a joined rank contributes zeros to the
 (handles.Request.zeros), and any other collective of a process set with a joined rank fails on
 the ranks that submitted it (`refused_beside`). The synchronous side of join() is joining.py.
 
-This module owns this rank's join state and that rule; the engine holds its lock around them.
+This module owns this rank's join state and that rule. User threads mark a join under the
+engine's lock; the rest is read and changed by the engine thread alone.
 """
 
 from typing import Optional

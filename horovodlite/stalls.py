@@ -44,7 +44,7 @@ class StallInspector:
     """
 
     def __init__(self, settings, watch, rank: int):
-        # Tunables, copied from the settings: tests and benchmarks may change them at run time.
+        # Tunables, copied from the settings once.
         self.stall_check = settings.stall_check
         self.stall_shutdown = settings.stall_shutdown
         self.timeout = settings.collective_timeout

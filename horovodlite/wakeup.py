@@ -116,7 +116,8 @@ class Wakeup:
     def flush(self) -> None:
         """Wake this rank's engine and end its pauses before the next two cycles: somebody
         waits for a result."""
-        self._eager = 2
+        with self._lock:  # (the engine thread counts it down)
+            self._eager = 2
         self._flush.set()
         self._work.set()
 
@@ -141,9 +142,10 @@ class Wakeup:
         if seconds > 0 and not self._eager:
             self._flush.wait(seconds)
         self._flush.clear()
-        if self._eager:
-            self._eager -= 1
-            return True
+        with self._lock:
+            if self._eager:
+                self._eager -= 1
+                return True
         return self._waiters > 0
 
     def sleep(self) -> None:
