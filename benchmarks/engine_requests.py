@@ -10,7 +10,9 @@ that background load hits all alike (issue #38):
     threads (half each, interleaved: thread t takes arrays t, t+2, ...), then synchronized,
   * async, 1 thread: the same from one thread,
   * one sync each:    `--count` synchronous hvd.allreduce() calls, one by one,
-  * grouped:          one grouped_allreduce() of all of them (one agreement, one buffer).
+  * grouped:          one grouped_allreduce() of all of them (one agreement, one buffer),
+  * mpi each:         mpi4py's Allreduce called directly on each array (then / size),
+  * mpi one buffer:   mpi4py's Allreduce on all of them already in one buffer: the floor.
 The names are the same every step, as a training loop's are. Each timed step starts after a
 barrier and counts the slowest rank; besides, rank 0's time to submit (the slower thread) and to
 wait, and the engine's cycles per step. Medians over `--repeats`.
@@ -31,10 +33,12 @@ import threading
 import time
 
 import numpy as np
+from mpi4py import MPI
 from training_jobs import job_result, run_job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CONTENDERS = ("async, 2 threads", "async, 1 thread", "one sync each", "grouped")
+CONTENDERS = ("async, 2 threads", "async, 1 thread", "one sync each", "grouped", "mpi each",
+              "mpi one buffer")
 
 
 class Submitters:
@@ -116,11 +120,28 @@ def contenders(hvd, submitters: Submitters, arrays: list, names: list, phases: d
         return results
 
     group = f"group.{arrays[0].size}"
+    comm = MPI.COMM_WORLD
+    flat = np.concatenate(arrays)
+    outs, flat_out = [np.empty_like(a) for a in arrays], np.empty_like(flat)
+
+    def mpi_each():  # the MPI library called directly, one call per array (Average: then / n)
+        for a, out in zip(arrays, outs):
+            comm.Allreduce(a, out)
+            np.divide(out, comm.size, out=out)
+        return outs
+
+    def mpi_one_buffer():  # our floor's peer: the arrays already in one buffer, one call
+        comm.Allreduce(flat, flat_out)
+        np.divide(flat_out, comm.size, out=flat_out)
+        return [flat_out]
+
     return {
         "async, 2 threads": async_threads,
         "async, 1 thread": async_one,
         "one sync each": lambda: [hvd.allreduce(a, name=n) for a, n in zip(arrays, names)],
         "grouped": lambda: hvd.grouped_allreduce(arrays, name=group),
+        "mpi each": mpi_each,
+        "mpi one buffer": mpi_one_buffer,
     }
 
 
