@@ -10,6 +10,7 @@ import dataclasses
 import importlib.util
 import math
 import pathlib
+import sys
 
 import pytest
 
@@ -17,6 +18,9 @@ BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 
 
 def _load(name):
+    """Import benchmarks/NAME.py as its script would run: with benchmarks/ on the path."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))  # (its shared modules, e.g. training_jobs)
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
