@@ -27,7 +27,7 @@ from horovodlite.training.elastic import run as run_restarting
 from horovodlite.training.elastic_sampling import ElasticIndices, ElasticSampler, SamplerHandler  # noqa: F401 (ElasticSampler: public here)
 
 from .functions import broadcast_parameters
-from .host import collective_failure
+from .host import collective_failure, settle
 
 __all__ = [*SHARED, "JaxState", "ElasticSampler"]
 
@@ -104,15 +104,15 @@ class JaxState(HandlerState):
     # follow the ones of the jitted steps JAX has dispatched: wait for those first.
 
     def commit(self) -> None:
-        jax.effects_barrier()
+        settle()
         super().commit()
 
     def check_host_updates(self) -> None:
-        jax.effects_barrier()
+        settle()
         super().check_host_updates()
 
     def sync(self) -> None:
-        jax.effects_barrier()
+        settle()
         super().sync()
 
 
@@ -139,7 +139,7 @@ def run(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
-        jax.effects_barrier()  # the restore's collectives follow any step already dispatched
+        settle()  # the restore's collectives follow any step already dispatched
         return restarting(state, *args, **kwargs)
 
     return wrapper

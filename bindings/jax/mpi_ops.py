@@ -1,10 +1,11 @@
 """The collectives on jax.Arrays: eagerly, inside jax.jit, and differentiable.
 
-Arrays reach the core through numpy (host.py): eagerly at once, and under a JAX trace as ordered
-io_callbacks, so the same call works in both and gives the same result. No algorithm lives here.
-The synchronous collectives are differentiable (`jax.custom_vjp`): each backward runs the core's
-gradient of that collective (horovodlite/training/collective_gradients.py), the gradient of the
-sum of the ranks' losses, eagerly or as another ordered callback.
+Arrays reach the core through numpy (host.py): eagerly at once, and under a JAX trace as XLA
+custom calls on XLA's own buffers, so the same call works in both and gives the same result. No
+algorithm lives here. The synchronous collectives are differentiable (`jax.custom_vjp`): each
+backward runs the core's gradient of that collective
+(horovodlite/training/collective_gradients.py), the gradient of the sum of the ranks' losses,
+eagerly or as another custom call.
 
 Inside jax.jit an output's shape is fixed when it is traced. Where it depends on other ranks
 (allgather of rows that differ between ranks, alltoall) the caller states it (`rows=`,
@@ -27,7 +28,16 @@ from horovodlite.process_sets import ProcessSet, global_process_set
 from horovodlite.training import collective_gradients, reduce_kwargs
 
 from .compression import Compression
-from .host import host_arrays, like, refuse_in_trace, run_on_host, traced
+from .host import (
+    follow,
+    host_arrays,
+    like,
+    linked,
+    order_token,
+    refuse_in_trace,
+    run_on_host,
+    traced,
+)
 
 __all__ = [
     "allreduce",
@@ -75,20 +85,30 @@ def _differentiable(forward: Callable, backward: Callable, xs: list, save: Calla
     """
     if not traced(xs):
         return forward(xs)
+    # The collectives' order travels in tokens (host.py): this one follows the trace's last.
 
     @jax.custom_vjp
-    def collective(*xs):
-        return tuple(forward(list(xs)))
+    def collective(token, *xs):
+        with linked(token) as link:
+            outputs = forward(list(xs))
+        return (*link.tokens, *outputs)
 
-    def forward_saving(*xs):
-        outputs = forward(list(xs))
-        return tuple(outputs), save(list(xs), outputs)
+    def forward_saving(token, *xs):
+        with linked(token) as link:
+            outputs = forward(list(xs))
+        return (*link.tokens, *outputs), (link.tokens[0], save(list(xs), outputs))
 
     def backward_of(saved, cotangents):
-        return tuple(backward(saved, list(cotangents)))
+        token, saved = saved
+        after, *cotangents = cotangents
+        with linked(token, after) as link:
+            grads = backward(saved, cotangents)
+        return (link.tokens[0] if link.called else after, *grads)
 
     collective.defvjp(forward_saving, backward_of)
-    return list(collective(*xs))
+    token, *outputs = collective(order_token(xs), *xs)
+    follow(xs, token)
+    return outputs
 
 
 def _gradients(what: str, finish: Callable, xs: list, cotangents: list, extra=()) -> list:

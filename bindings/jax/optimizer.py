@@ -2,7 +2,7 @@
 
 The gradients travel as one grouped all-reduce (one fused buffer per dtype), described by the
 training layer's ReductionSettings, in one host call: eagerly, or inside a jitted train step as
-one ordered io_callback. With backward_passes_per_step=k the gradients of k calls accumulate
+one XLA custom call (host.py). With backward_passes_per_step=k the gradients of k calls accumulate
 locally, as optax.MultiSteps accumulates them, and every k-th call reduces their sum and
 updates; the others return zero updates.
 """

@@ -1,5 +1,5 @@
 """Rank 1 fails during jitted training (argv[1] says how) while the others wait in the step's
-all-reduce, inside XLA (an ordered io_callback of DistributedOptimizer).
+all-reduce, inside XLA (the custom call of DistributedOptimizer's all-reduce).
 
 Ways to fail, at step 2: `raise` (a RuntimeError inside rank 1's jitted step, from a callback:
 JAX raises it as a JaxRuntimeError), `raise-between` (a RuntimeError between two steps), `exit`
@@ -53,7 +53,7 @@ def main() -> None:
         start = time.monotonic()
         try:
             params, opt_state = jax.block_until_ready(train_step(params, opt_state, step))
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:  # ValueError: JAX's C++ dispatch (jax#34083)
             last = str(exc).strip().splitlines()[-1]
             print(f"rank {rank} raised after {time.monotonic() - start:.1f} s: {last}", flush=True)
             raise
