@@ -9,7 +9,7 @@ need it).
 All-reduce of float32 (op Sum), one call at a time, from 1 KiB to 64 MiB; the contenders take
 turns size by size:
 
-    hvd-jit      horovodlite.jax.allreduce inside jax.jit (an ordered io_callback into the core)
+    hvd-jit      horovodlite.jax.allreduce inside jax.jit (an XLA custom call into the core)
     mpi4jax-jit  mpi4jax.allreduce inside jax.jit (an XLA custom call into MPI_Allreduce)
     mpi4py       mpi4py's Allreduce on numpy arrays, preallocated: the MPI library's floor
     hvd-numpy    horovodlite.allreduce (the core) on np.asarray of the jax.Array
