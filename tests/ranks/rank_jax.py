@@ -315,6 +315,29 @@ def test_barrier_inside_jit_and_collectives_in_program_order():
     hvd.barrier()
 
 
+def test_an_eager_collective_waits_for_a_step_still_running_on_xlas_thread():
+    # On rank 0 a computation long enough that JAX returns before XLA has run it (on XLA's own
+    # thread), elsewhere a short one that runs at once: rank 0's eager collective must not
+    # start before its step's collective has run, or it would meet the others' step.
+    n, r = hvd.size(), hvd.rank()
+    side = 1000 if r == 0 else 6
+    m = jnp.full((side, side), 1.0 / side)  # m @ m is m
+
+    @jax.jit
+    def slow_step(m, x):
+        for _ in range(4):
+            m = m @ m
+        return hvd.allreduce(x + m[0, 0], op=hvd.Sum, name="slow.step")
+
+    mine = jax.block_until_ready(jnp.full((2,), float(r)))  # (made after the step, it would
+    for i in range(3):  # wait for the step anyway: JAX runs a device's work in order)
+        pending = slow_step(m, jnp.full((2,), float(r + i)))
+        eager = hvd.allreduce(mine, op=hvd.Max, name="after.slow.step")
+        assert eager.tolist() == [float(n - 1)] * 2
+        total = sum(k + i + (1 / 1000 if k == 0 else 1 / 6) for k in range(n))
+        np.testing.assert_allclose(np.asarray(pending), [total] * 2, rtol=1e-6)
+
+
 def test_collectives_inside_scan_and_cond():
     n, r = hvd.size(), hvd.rank()
 
