@@ -64,13 +64,14 @@ _Extension._fields_ = [
 ]
 
 
-class _ApiVersion(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("extension_start", ctypes.c_void_p),
-        ("major_version", ctypes.c_int),
-        ("minor_version", ctypes.c_int),
-    ]
+class _Struct(ctypes.Structure):
+    """What most structs of the API begin with; a subclass's fields follow these."""
+
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p)]
+
+
+class _ApiVersion(_Struct):
+    _fields_ = [("major_version", ctypes.c_int), ("minor_version", ctypes.c_int)]
 
 
 class _Metadata(ctypes.Structure):
@@ -85,10 +86,8 @@ class _MetadataExtension(ctypes.Structure):
     _fields_ = [("extension_base", _Extension), ("metadata", ctypes.POINTER(_Metadata))]
 
 
-class _Buffer(ctypes.Structure):
+class _Buffer(_Struct):
     _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("extension_start", ctypes.c_void_p),
         ("dtype", ctypes.c_int),
         ("data", ctypes.c_void_p),
         ("rank", ctypes.c_int64),
@@ -96,10 +95,8 @@ class _Buffer(ctypes.Structure):
     ]
 
 
-class _Values(ctypes.Structure):  # XLA_FFI_Args and XLA_FFI_Rets share this layout
+class _Values(_Struct):  # XLA_FFI_Args and XLA_FFI_Rets share this layout
     _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("extension_start", ctypes.c_void_p),
         ("size", ctypes.c_int64),
         ("types", ctypes.POINTER(ctypes.c_int)),
         ("values", ctypes.POINTER(ctypes.POINTER(_Buffer))),
@@ -110,10 +107,8 @@ class _Scalar(ctypes.Structure):
     _fields_ = [("dtype", ctypes.c_int), ("value", ctypes.POINTER(ctypes.c_int64))]
 
 
-class _Attrs(ctypes.Structure):
+class _Attrs(_Struct):
     _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("extension_start", ctypes.c_void_p),
         ("size", ctypes.c_int64),
         ("types", ctypes.c_void_p),
         ("names", ctypes.c_void_p),
@@ -134,13 +129,8 @@ class _CallFrame(ctypes.Structure):
     ]
 
 
-class _ErrorCreateArgs(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("extension_start", ctypes.c_void_p),
-        ("message", ctypes.c_char_p),
-        ("errc", ctypes.c_int),
-    ]
+class _ErrorCreateArgs(_Struct):
+    _fields_ = [("message", ctypes.c_char_p), ("errc", ctypes.c_int)]
 
 
 _ErrorCreate = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_ErrorCreateArgs))
