@@ -58,6 +58,22 @@ def test_grouped_allreduce_forms():
     assert [o.tolist() for o in hvd.synchronize(handle)] == [[n], [n, n]]
 
 
+def test_allreduce_records_a_graph_only_where_a_gradient_is_needed():
+    # Without an input that needs a gradient the forward runs without the autograd Function:
+    # the same values, and a result with no grad_fn, as the Function gives under no_grad.
+    n = hvd.size()
+    x = torch.full((3,), float(hvd.rank()), requires_grad=True)
+    recorded = [hvd.allreduce(x, op=hvd.Sum), *hvd.grouped_allreduce([x, x * 2], op=hvd.Sum)]
+    with torch.no_grad():
+        plain = [hvd.allreduce(x, op=hvd.Sum), *hvd.grouped_allreduce([x, x * 2], op=hvd.Sum)]
+    detached = [hvd.allreduce(x.detach(), op=hvd.Sum)]
+    assert all(t.grad_fn is not None for t in recorded)
+    assert all(t.grad_fn is None and not t.requires_grad for t in plain + detached)
+    total = float(n * (n - 1) / 2)
+    for got, want in zip(recorded + plain + detached, [1, 1, 2, 1, 1, 2, 1]):
+        assert got.tolist() == [want * total] * 3
+
+
 def test_allreduce_gradient_is_allreduce():
     n = hvd.size()
     x = torch.full((3,), float(hvd.rank()), requires_grad=True)
