@@ -7,15 +7,17 @@ function reads the frame's buffers as numpy arrays over XLA's own memory, so a c
 its inputs and writes its results where XLA keeps them. Every call site registers what it runs
 (`register`) and passes the key as the call's one attribute; one target serves them all.
 
-The call has no JAX effect: an effect (even an unordered one) costs about 30 µs a call in JAX's
-dispatch, more than a small all-reduce. The price is that XLA orders the calls of one
-computation as it schedules them, not by program order; host.py says why that is safe.
+The call has no JAX effect: a computation with an effect (even an unordered one) leaves JAX's
+C++ dispatch for its Python one, which costs more than a small all-reduce (docs/jax.md). The
+price is that XLA orders the calls of one computation as it schedules them, not by program
+order: host.py orders them with tokens.
 
 Only the parts of the frame that a collective reads are described here; the layout is the
 version-0 ABI that XLA keeps stable (fields are only added at the end of each struct).
 """
 
 import ctypes
+import functools
 import itertools
 import threading
 from typing import Callable
@@ -143,7 +145,6 @@ _ERROR_CREATE_OFFSET += ctypes.sizeof(_ApiVersion)
 # long as the process, as an io_callback's function does: a compiled computation may run again.
 _calls: dict = {}
 _keys = itertools.count(1)
-_registered = False
 _lock = threading.Lock()
 
 
@@ -169,7 +170,8 @@ class _Interface:
 
 
 def _error(frame: "_CallFrame", exc: BaseException) -> int:
-    """Return an XLA_FFI_Error that carries `exc`'s text (JAX raises it as JaxRuntimeError)."""
+    """Return an XLA_FFI_Error that carries `exc`'s text (JAX raises a JaxRuntimeError, or a
+    ValueError on its C++ dispatch, with it: host.collective_failure)."""
     create = ctypes.cast(
         ctypes.c_void_p.from_address(frame.api + _ERROR_CREATE_OFFSET).value, _ErrorCreate
     )
@@ -211,16 +213,13 @@ def _handle(pointer) -> int:
 _HANDLER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_CallFrame))(_handle)
 
 
+@functools.cache
 def _register_target() -> None:
-    global _registered
-    if _registered:
-        return
     new_capsule = ctypes.pythonapi.PyCapsule_New
     new_capsule.restype = ctypes.py_object
     new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
     capsule = new_capsule(ctypes.cast(_HANDLER, ctypes.c_void_p), None, None)
     jax.ffi.register_ffi_target(TARGET, capsule, platform="cpu")
-    _registered = True
 
 
 def register(run: Callable[[list, list], None]) -> int:

@@ -89,8 +89,9 @@ def _save_inputs(ctx, args: dict, tensors) -> None:
 def _graph_needed(tensors) -> bool:
     """Return whether autograd records a collective on `tensors` (some input needs a gradient).
 
-    Where none does, the forward runs without the autograd Function (3 µs of a 10 µs all-reduce
-    of a small CPU tensor): its result is the same, a tensor with no gradient.
+    Where none does, the forward runs without the autograd Function, whose bookkeeping is a
+    large part of a small all-reduce (docs/torch.md): the result is the same, a tensor with no
+    gradient.
     """
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
