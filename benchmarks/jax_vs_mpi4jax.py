@@ -13,6 +13,11 @@ turns size by size:
     mpi4jax-jit  mpi4jax.allreduce inside jax.jit (an XLA custom call into MPI_Allreduce)
     mpi4py       mpi4py's Allreduce on numpy arrays, preallocated: the MPI library's floor
     hvd-numpy    horovodlite.allreduce (the core) on np.asarray of the jax.Array
+    hvd-jit-donated, mpi4jax-jit-donated
+                 the jitted calls again with the input donated (`donate_argnums`), as a
+                 train step donates its state, and op Max, so that each result feeds the next
+                 call: horovodlite reduces in the donated buffer itself, where XLA otherwise
+                 copies the input into a fresh output first
 
 A jitted call is timed to the end of its computation (block_until_ready). A block of calls
 starts after a barrier and keeps the slowest rank's mean; each contender runs --repeats blocks
@@ -43,9 +48,11 @@ from training_jobs import machine, run_jobs, slowest_rank
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
-ALLREDUCE = ("hvd-jit", "mpi4jax-jit", "mpi4py", "hvd-numpy")
+ALLREDUCE = ("hvd-jit", "mpi4jax-jit", "mpi4py", "hvd-numpy", "hvd-jit-donated",
+             "mpi4jax-jit-donated")
 TRAINING = ("local", "hvd", "mpi4jax")
-NEEDS_MPI4JAX = {"mpi4jax-jit", "mpi4jax"}
+RATIOS = (("hvd-jit", "mpi4jax-jit"), ("hvd-jit-donated", "mpi4jax-jit-donated"))
+NEEDS_MPI4JAX = {"mpi4jax-jit", "mpi4jax-jit-donated", "mpi4jax"}
 # An MLP's layer widths, or CNN for the small convolutional network.
 CNN = ((1, 16), (16, 32))  # (in, out) channels of its 3x3 convolutions, before a dense layer
 MODELS = {"digits": (64, 64, 10), "wide": (64, 1024, 1024, 10), "cnn": CNN}
@@ -153,7 +160,30 @@ def allreduce_calls(contenders: list, x, comm, hvd, core) -> tuple:
             results["hvd-numpy"] = core.allreduce(np.asarray(x), op=core.Sum, name="bench.np")
 
         calls["hvd-numpy"] = hvd_numpy
+    donated = {
+        "hvd-jit-donated": lambda a: hvd.allreduce(a, op=hvd.Max, name="bench.donated"),
+        "mpi4jax-jit-donated": lambda a: _mpi4jax_allreduce(a, MPI.MAX, comm),
+    }
+    for name, function in donated.items():
+        if name in contenders:
+            calls[name] = _fed_back(jax.jit(function, donate_argnums=0), x, results, name)
     return calls, results
+
+
+def _mpi4jax_allreduce(a, op, comm):
+    import mpi4jax
+
+    return mpi4jax.allreduce(a, op=op, comm=comm)
+
+
+def _fed_back(reduce, x, results: dict, name: str):
+    """Return a call of jitted `reduce` (which donates its input) on its own last result."""
+    results[name] = x.copy()  # x itself is not donated: the other contenders read it
+
+    def call():
+        results[name] = reduce(results[name]).block_until_ready()
+
+    return call
 
 
 def allreduce_part(args, comm, hvd, core) -> tuple:
@@ -171,7 +201,9 @@ def allreduce_part(args, comm, hvd, core) -> tuple:
         medians = timed_blocks(comm, calls, args.repeats, args.block_seconds)
         expected = comm.size * (comm.size + 1) / 2
         for name in contenders:
-            exact = bool(np.all(np.asarray(results[name]) == expected))
+            # (the donated contenders take the Max, the others the Sum, of rank + 1)
+            want = comm.size if name.endswith("-donated") else expected
+            exact = bool(np.all(np.asarray(results[name]) == want))
             exact = checks[f"{size} {name}"] = all(comm.allgather(exact))
             rows.append({"np": comm.size, "bytes": size, "contender": name,
                          "median_us": 1e6 * medians[name], "exact": exact})  # fmt: skip
@@ -326,15 +358,15 @@ def allreduce_table(rows: list) -> str:
     for r in rows:
         by.setdefault((r["np"], r["bytes"]), {})[r["contender"]] = r
     present = [c for c in ALLREDUCE if any(r["contender"] == c for r in rows)]
-    ratio = "hvd-jit" in present and "mpi4jax-jit" in present
-    header = ["ranks", "size", *present] + (["hvd-jit / mpi4jax-jit"] if ratio else [])
+    pairs = [(ours, theirs) for ours, theirs in RATIOS if ours in present and theirs in present]
+    header = ["ranks", "size", *present] + [f"{ours} / {theirs}" for ours, theirs in pairs]
     lines = [header, ["---"] * len(header)]
     for (np, size), cells in sorted(by.items()):
         line = [str(np), human(size)]
         line += [f"{cells[c]['median_us']:,.1f}" + ("" if cells[c]["exact"] else " !")
                  if c in cells else "" for c in present]  # fmt: skip
-        if ratio:
-            line.append(f"{cells['hvd-jit']['median_us'] / cells['mpi4jax-jit']['median_us']:.2f}")
+        for ours, theirs in pairs:
+            line.append(f"{cells[ours]['median_us'] / cells[theirs]['median_us']:.2f}")
         lines.append(line)
     return "\n".join("| " + " | ".join(line) + " |" for line in lines)
 
@@ -404,7 +436,8 @@ def main() -> None:
     if missing:
         print(f"skipped: {missing}; it is only needed for this benchmark: pip install nanobind "
               "cython, then MPI4JAX_BUILD_MPICC=$(which mpicc) pip install --no-build-isolation "
-              "mpi4jax (or run only --contenders hvd-jit,mpi4py,hvd-numpy,local,hvd)")  # fmt: skip
+              "mpi4jax (or run only --contenders "
+              "hvd-jit,mpi4py,hvd-numpy,hvd-jit-donated,local,hvd)")  # fmt: skip
         return
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     load_before = os.getloadavg()
@@ -422,6 +455,8 @@ def main() -> None:
         "command": " ".join(["python", "benchmarks/jax_vs_mpi4jax.py", *sys.argv[1:]]),
         "machine": machine(load_before, **versions),
         "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "out", "plot")},
+        # glibc's allocator settings, where set: they decide whether XLA's fresh buffers fault
+        "malloc": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
         "allreduce": [r for job in jobs for r in job["allreduce"]],
         "training": [r for job in jobs for r in job["training"]],
         "allreduce_exact": {f"np{job['np']} {k}": v for job in jobs

@@ -58,7 +58,8 @@ def test_the_mpi4jax_benchmark_runs_horovodlites_side_without_mpi4jax(tmp_path):
     pytest.importorskip("optax")
     pytest.importorskip("sklearn")
     out = tmp_path / "bench.json"
-    tiny = ["--np", "2", "--sizes", "1K", "--contenders", "hvd-jit,mpi4py,hvd-numpy,local,hvd",
+    contenders = "hvd-jit,mpi4py,hvd-numpy,hvd-jit-donated,local,hvd"
+    tiny = ["--np", "2", "--sizes", "1K", "--contenders", contenders,
             "--models", "digits,cnn", "--repeats", "1", "--block-seconds", "0.01", "--rounds", "1",
             "--steps", "2", "--warmup", "1", "--plot", "", "--out", str(out),
             "--timeout", "240"]  # the benchmark kills its job's ranks before this test's 300 s
@@ -67,7 +68,7 @@ def test_the_mpi4jax_benchmark_runs_horovodlites_side_without_mpi4jax(tmp_path):
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     report = json.loads(out.read_text())
     assert {(r["contender"], r["exact"]) for r in report["allreduce"]} == {
-        ("hvd-jit", True), ("mpi4py", True), ("hvd-numpy", True)}  # fmt: skip
+        ("hvd-jit", True), ("mpi4py", True), ("hvd-numpy", True), ("hvd-jit-donated", True)}
     assert {(r["model"], r["contender"]) for r in report["training"]} == {
         ("digits", "local"), ("digits", "hvd"), ("cnn", "local"), ("cnn", "hvd")}  # fmt: skip
     assert all(r["steps_per_s"] > 0 for r in report["training"])
