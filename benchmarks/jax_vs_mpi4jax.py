@@ -432,6 +432,10 @@ def main() -> None:
     unknown = set(contenders) - set(ALLREDUCE + TRAINING)
     if unknown:
         sys.exit(f"unknown contenders {sorted(unknown)}: choose from {ALLREDUCE + TRAINING}")
+    unknown = set(args.models.split(",")) - set(MODELS)
+    if unknown and set(contenders) & set(TRAINING):
+        sys.exit(f"unknown models {sorted(unknown)}: choose from {tuple(MODELS)} (or leave out "
+                 f"the training contenders {TRAINING})")  # fmt: skip
     missing = mpi4jax_missing() if NEEDS_MPI4JAX & set(contenders) else None
     if missing:
         print(f"skipped: {missing}; it is only needed for this benchmark: pip install nanobind "
