@@ -24,7 +24,7 @@ from .checks import (
     root_index,
     set_id,
 )
-from .fusion import FusionEntry, allreduce_fields, fused_allreduce, fused_by_kind
+from .fusion import FusionEntry, allreduce_fields, fused_allreduce
 from .ops import ReduceOp, combined_as, resolve_op, result_factor
 from .plan import Plan, run_now, signature_of, synchronous, templates, waiter
 from .process_sets import communicator, global_process_set
@@ -35,7 +35,6 @@ from .transport import select
 __all__ = [
     "allreduce",
     "allreduce_",
-    "grouped_allreduce",
     "broadcast",
     "broadcast_",
     "allgather",
@@ -174,34 +173,6 @@ allreduce_.__doc__ = "In-place allreduce(): write the result into `tensor` and r
 allreduce_.__signature__ = signature_of(allreduce_plan, {"inplace": True})
 
 
-def grouped_allreduce(tensors, *, name=None, **options) -> list:
-    """All-reduce a list of arrays with one agreement; return the results in order.
-
-    Takes allreduce()'s options. Arrays of one dtype and device travel in one fused buffer;
-    mixed dtypes make one buffer per kind. `name` names the group; the arrays are named
-    "<name>.0", "<name>.1", ... in errors.
-    """
-    prefix = name if name is not None else "grouped_allreduce"
-    plans = [
-        allreduce_plan(t, name=f"{prefix}.{i}", **options) for i, t in enumerate(tensors)
-    ]
-    if not plans:
-        return []
-    error = next((p.error for p in plans if p.error is not None), None)
-    fields = {
-        "collective": "grouped_allreduce",
-        "name": name,
-        "members": tuple(tuple(sorted(p.fields.items())) for p in plans),
-    }
-    def execute(comm, _):
-        return fused_by_kind(comm, [plan.fusion for plan in plans])
-
-    first = plans[0]
-    return run_now(
-        Plan(fields, first.process_set_id, first.comm, first.ranks, error, execute=execute)
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # Reduce-scatter.
 
@@ -265,6 +236,7 @@ def reducescatter_plan(
 reducescatter = synchronous(reducescatter_plan, "reducescatter")
 
 
+
 # ---------------------------------------------------------------------------------------------
 # Data movement.
 
@@ -324,6 +296,7 @@ def allgather_plan(tensor, *, name=None, process_set=global_process_set) -> Plan
 
 
 allgather = synchronous(allgather_plan, "allgather")
+
 
 
 def allgather_into_plan(out, rows, *, name=None, process_set=global_process_set) -> Plan:

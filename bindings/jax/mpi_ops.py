@@ -248,8 +248,7 @@ def _scattered_shape(process_set: ProcessSet) -> Callable:
 def _reducescattered(tensors: list, name, args: dict, grouped: bool) -> list:
     def host(*arrays):
         if grouped:
-            handle = core.grouped_reducescatter_async(list(arrays), name=name, **args)
-            return core.synchronize(handle)
+            return core.grouped_reducescatter(list(arrays), name=name, **args)
         return [core.reducescatter(arrays[0], name=name, **args)]
 
     what = "grouped_reducescatter" if grouped else "reducescatter"
@@ -304,14 +303,13 @@ def _gathered_rows(x, rows, process_set: ProcessSet) -> int:
 def _checked_allgather(what: str, name, process_set: ProcessSet, totals: list, *arrays) -> list:
     """Allgather `arrays`, whose results must have `totals` rows (fixed when traced).
 
-    Each rank's rows and expected totals travel beside the data, in the same grouped request,
+    Each rank's rows and expected totals travel beside the data, in the same grouped allgather,
     so every rank sees every rank's and raises the same error when one rank's are wrong.
     """
     count = len(arrays)
     mine = [[a.shape[0] if a.ndim else 0 for a in arrays] + list(totals)]
     table = np.asarray(mine, dtype=np.int64)
-    handle = core.grouped_allgather_async([*arrays, table], name=name, process_set=process_set)
-    *results, table = core.synchronize(handle)
+    *results, table = core.grouped_allgather([*arrays, table], name=name, process_set=process_set)
     held, expected = table[:, :count], table[:, count:]
     wrong = np.flatnonzero((expected != held.sum(axis=0)).any(axis=1))
     if wrong.size:
@@ -334,8 +332,7 @@ def _allgathered(tensors: list, name, process_set, rows: list, grouped: bool) ->
 
     def host(*arrays):
         if grouped:
-            handle = core.grouped_allgather_async(list(arrays), name=name, process_set=process_set)
-            return core.synchronize(handle)
+            return core.grouped_allgather(list(arrays), name=name, process_set=process_set)
         return [core.allgather(arrays[0], name=name, process_set=process_set)]
 
     def forward(xs):

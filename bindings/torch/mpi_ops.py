@@ -351,8 +351,10 @@ class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, process_set, *tensors):
         ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
-        handle = grouped_allgather_async(tensors, name=name, process_set=process_set)
-        return tuple(synchronize(handle))
+        views = [TensorView(t) for t in tensors]
+        arrays = [v.array for v in views]
+        results = core.grouped_allgather(arrays, name=name, process_set=process_set)
+        return tuple(v.to_tensor(r) for v, r in zip(views, results))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -503,8 +505,9 @@ class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, args, *tensors):
         _save_inputs(ctx, args, tensors)
-        return tuple(synchronize(_reducescatter_async(list(tensors), name=name, args=args,
-                                                      grouped=True)))  # fmt: skip
+        views = [TensorView(t) for t in tensors]
+        results = core.grouped_reducescatter([v.array for v in views], name=name, **args)
+        return tuple(v.to_tensor(r) for v, r in zip(views, results))
 
     @staticmethod
     def backward(ctx, *grads):

@@ -178,6 +178,57 @@ def test_reducescatter_split_and_scaling():
     still_in_step()
 
 
+def test_grouped_allgather_and_reducescatter_agree_once_and_match_the_single_forms():
+    # One agreement for the whole group: mixed dtypes, rows that differ per rank (some none),
+    # trailing shapes, a process set; the results equal the single collectives'.
+    n, r = hvd.size(), hvd.rank()
+    xs = [rank_values((r + 1, 3), np.float32, r, seed=20),
+          rank_values((r % 2, 2, 2), np.int64, r),
+          rank_values((2 * n + 1,), np.float16, r, seed=21),
+          np.zeros((0, 5), np.uint8)]  # fmt: skip
+    gathered = hvd.grouped_allgather(xs, name="gg")
+    for out, x in zip(gathered, xs):
+        expected = np.concatenate(everyone(x))
+        assert out.dtype == x.dtype
+        np.testing.assert_array_equal(out, expected)
+        np.testing.assert_array_equal(out, hvd.allgather(x))
+    ys = [x for x in (rank_values((2 * n + 1, 3), np.float64, r, seed=22),
+                      rank_values((n - 1 if n > 1 else 1,), np.int32, r, seed=23))]  # fmt: skip
+    for op in (hvd.Sum, hvd.Average, hvd.Max):
+        scattered = hvd.grouped_reducescatter(ys, op=op, prescale_factor=1.0, name="grs")
+        for out, y in zip(scattered, ys):
+            lo, hi = horovod_rows(y.shape[0], n)[r]
+            assert_reduced(out, reduce_expected(everyone(y), op)[lo:hi], op)
+            np.testing.assert_array_equal(out, hvd.reducescatter(y, op=op))
+    assert hvd.grouped_allgather([]) == [] and hvd.grouped_reducescatter([]) == []
+    if n > 1:
+        evens = hvd.ProcessSet(list(range(0, n, 2)))
+        hvd.add_process_set(evens)
+        try:
+            if evens.included():
+                (out,) = hvd.grouped_allgather([np.full(r + 1, r)], process_set=evens)
+                repeats = [k + 1 for k in evens.ranks]
+                np.testing.assert_array_equal(out, np.repeat(evens.ranks, repeats))
+        finally:
+            hvd.remove_process_set(evens)
+
+
+def test_grouped_allgather_and_reducescatter_errors_on_every_rank():
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        pytest.skip("a mismatch needs two ranks")
+    last = n - 1
+    trailing = np.ones((2, 4 if r == last else 3), np.float32)
+    expect_error_everywhere(lambda: hvd.grouped_allgather([np.ones(2), trailing], name="gbad"),
+                            set(), None, f"rank {last}", "(4,)")  # fmt: skip
+    members = [np.ones(3)] * (3 if r == last else 2)
+    expect_error_everywhere(lambda: hvd.grouped_reducescatter(members, name="rsbad"),
+                            set(), None, "grouped_reducescatter")  # fmt: skip
+    scalar = [np.ones(4), np.float64(1.0) if r == last else np.ones(2)]
+    expect_error_everywhere(lambda: hvd.grouped_reducescatter(scalar), {last}, ValueError)
+    still_in_step()
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.int8, np.bool_, np.float16], ids=dtype_id)
 def test_alltoall_even_split(dtype):
     n, r = hvd.size(), hvd.rank()

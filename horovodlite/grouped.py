@@ -1,0 +1,96 @@
+"""The grouped collectives: a list of arrays, one agreement for all of them.
+
+Horovod negotiates a grouped request whole; so do these blocking forms. The member plans are
+the single collectives' (collectives.py), named "<name>.0", "<name>.1", ...; one agreement on
+all their fields makes an argument error on any rank fail the group on every rank before any
+data moves. Then the all-reduces travel fused, one buffer per dtype and device, and the other
+members run one after the other. (The asynchronous grouped forms hand the same plans to the
+engine, asynchronous.py.)
+"""
+
+import numpy as np
+
+from .collectives import allgather_plan, allreduce_plan, reducescatter_plan
+from .fusion import fused_by_kind
+from .plan import Plan, run_now, waiter
+from .process_sets import global_process_set
+from .state import current
+
+__all__ = ["grouped_allreduce", "grouped_allgather", "grouped_reducescatter"]
+
+
+def grouped_allreduce(tensors, *, name=None, **options) -> list:
+    """All-reduce a list of arrays with one agreement; return the results in order.
+
+    Takes allreduce()'s options. Arrays of one dtype and device travel in one fused buffer;
+    mixed dtypes make one buffer per kind. `name` names the group; the arrays are named
+    "<name>.0", "<name>.1", ... in errors.
+    """
+    plans = [allreduce_plan(t, name=n, **options) for t, n in _members(tensors, name, "allreduce")]
+
+    def execute(comm, _):
+        return fused_by_kind(comm, [plan.fusion for plan in plans])
+
+    return _run_group("grouped_allreduce", name, plans, execute)
+
+
+def _members(tensors, name, kind: str) -> list:
+    """Pair each of `tensors` with its member name "<name>.i" ("grouped_<kind>.i" unnamed)."""
+    prefix = name if name is not None else f"grouped_{kind}"
+    return [(t, f"{prefix}.{i}") for i, t in enumerate(tensors)]
+
+
+def _run_group(collective: str, name, plans: list, execute) -> list:
+    """Agree on every member plan's fields at once, then return `execute(comm, fields)`.
+
+    One agreement for the group, as Horovod negotiates a grouped request whole: a member's
+    argument error on any rank fails the group on every rank, before any data moves.
+    """
+    if not plans:
+        return []
+    error = next((p.error for p in plans if p.error is not None), None)
+    fields = {
+        "collective": collective,
+        "name": name,
+        "members": tuple(tuple(sorted(p.fields.items())) for p in plans),
+    }
+    first = plans[0]
+    group = Plan(fields, first.process_set_id, first.comm, first.ranks, error,
+                 execute=lambda comm, _: execute(comm, fields))  # fmt: skip
+    return run_now(group)
+
+
+def grouped_allgather(tensors, *, name=None, process_set=global_process_set) -> list:
+    """Allgather a list of arrays with one agreement; return the gathered arrays in order.
+
+    Dimension 0 of each may differ between ranks; members are named as grouped_allreduce()'s.
+    """
+    plans = [
+        allgather_plan(t, name=n, process_set=process_set)
+        for t, n in _members(tensors, name, "allgather")
+    ]
+
+    def execute(comm, fields):
+        # Every rank's rows of every member, in one exchange after the agreement.
+        rows = np.empty((comm.size, len(plans)), dtype=np.int64)
+        own = np.array([plan.payload for plan in plans], dtype=np.int64)
+        waiter(current(), fields, plans[0].ranks)(comm.Iallgather(own, rows))
+        return [plan.execute(comm, rows[:, i].tolist()) for i, plan in enumerate(plans)]
+
+    return _run_group("grouped_allgather", name, plans, execute)
+
+
+def grouped_reducescatter(tensors, *, name=None, **options) -> list:
+    """Reduce-scatter a list of arrays with one agreement; return this rank's rows of each.
+
+    Takes reducescatter()'s options; members are named as grouped_allreduce()'s.
+    """
+    plans = [
+        reducescatter_plan(t, name=n, **options)
+        for t, n in _members(tensors, name, "reducescatter")
+    ]
+
+    def execute(comm, _):
+        return [plan.execute(comm, None) for plan in plans]
+
+    return _run_group("grouped_reducescatter", name, plans, execute)
