@@ -1,0 +1,34 @@
+"""benchmarks/grouped_calls.py runs end to end on 2 ranks (one size, tiny blocks).
+
+Its timings are not checked (speed is measured, never asserted); what is: every contender that
+can run here reports a time and a result equal to MPI's own.
+"""
+
+import json
+import pathlib
+
+import pytest
+from mpirun import run_ranks
+
+BENCHMARK = pathlib.Path(__file__).parent.parent / "benchmarks" / "grouped_calls.py"
+
+
+@pytest.mark.mpi
+def test_grouped_calls_smoke_run(tmp_path):
+    out = tmp_path / "grouped.json"
+    args = [str(BENCHMARK), "--sizes", "1024", "--count", "3", "--repeats", "1",
+            "--block-seconds", "0.01", "--out", str(out)]  # fmt: skip
+    result = run_ranks(2, args, timeout=240)
+    assert result.returncode == 0, result.stdout[-5000:]
+    rows = json.loads(out.read_text())["rows"]
+    expected = {"core grouped", "core via engine", "core one by one", "mpi4py"}
+    for module, contender in (("torch", "torch grouped"), ("jax", "jax jit grouped")):
+        try:
+            __import__(module)
+            expected.add(contender)
+        except ImportError:
+            pass
+    for kind in ("allgather", "reducescatter"):
+        mine = [r for r in rows if r["collective"] == kind]
+        assert {r["contender"] for r in mine} == expected, kind
+        assert all(r["exact"] and r["median_us"] > 0 for r in mine), mine
