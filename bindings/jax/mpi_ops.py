@@ -111,6 +111,12 @@ def _differentiable(forward: Callable, backward: Callable, xs: list, save: Calla
     return outputs
 
 
+def _at_once(rule: Callable, *args, **kwargs) -> list:
+    """Run the core's gradient `rule` of a collective to its end: its collectives block, in the
+    order of the computation (a trace's tokens order them), without the engine's round trip."""
+    return rule(*args, blocking=True, **kwargs)()
+
+
 def _gradients(what: str, finish: Callable, xs: list, cotangents: list, extra=()) -> list:
     """Return the cotangents of `xs` from the core's gradient rule.
 
@@ -154,7 +160,7 @@ def _reduction(
         kept = [x for x in (saved or ()) if jnp.issubdtype(x.dtype, jnp.inexact)]
 
         def finish(grads, inputs):
-            return rule(grads, inputs or None, **args)()
+            return _at_once(rule, grads, inputs or None, **args)
 
         return _gradients(what, finish, xs, cotangents, kept)
 
@@ -352,7 +358,8 @@ def _allgathered(tensors: list, name, process_set, rows: list, grouped: bool) ->
         own = [x.shape[0] if x.ndim else 0 for x in xs if jnp.issubdtype(x.dtype, jnp.inexact)]
 
         def finish(grads, _):
-            return collective_gradients.allgather_gradients(grads, own, process_set=process_set)()
+            rule = collective_gradients.allgather_gradients
+            return _at_once(rule, grads, own, process_set=process_set)
 
         return _gradients(what, finish, xs, cotangents)
 
@@ -400,7 +407,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> j
     def backward(_, cotangents):
         def finish(grads, _):
             rule = collective_gradients.broadcast_gradients
-            return rule(grads, root_rank, process_set=process_set)()
+            return _at_once(rule, grads, root_rank, process_set=process_set)
 
         return _gradients("broadcast", finish, xs, cotangents)
 
@@ -515,7 +522,7 @@ def alltoall(
     def backward(received, cotangents):
         def finish(grads, extra):
             rule = collective_gradients.alltoall_gradients
-            return rule(grads, extra[0], process_set=process_set)()
+            return _at_once(rule, grads, extra[0], process_set=process_set)
 
         return _gradients("alltoall", finish, xs, cotangents[:1], [received])
 

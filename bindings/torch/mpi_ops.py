@@ -74,9 +74,10 @@ def synchronize(handle: Handle):
 
 
 def _gradients(rule, grads, *args, **kwargs) -> list:
-    """Return the core's gradient `rule` of a collective, run on the torch gradients `grads`."""
+    """Return the core's gradient `rule` of a collective, run on the torch gradients `grads`
+    (at once, in the backward pass's order: blocking collectives, not the engine's)."""
     views = [TensorView(g.contiguous()) for g in grads]
-    results = rule([v.array for v in views], *args, **kwargs)()
+    results = rule([v.array for v in views], *args, blocking=True, **kwargs)()
     return [v.to_tensor(r) for v, r in zip(views, results)]
 
 

@@ -21,13 +21,14 @@ Horovod (0.28.1) averages where this sums for allgather and broadcast, and multi
 reduce-scatter gradient by n: its issue #2654. horovodlite keeps Horovod's API and follows the
 sum of the losses (docs/equivalence.md, "Collectives inside the model").
 
-Each function takes the upstream gradients on this rank as core arrays (numpy or CuPy), submits
-the collectives that their gradient needs without blocking, and returns `finish()`, which waits
-and returns the gradients of this rank's inputs. A binding converts its tensors, calls one of
-these and converts back: TensorFlow's graph ops submit in one op and finish in another
-(bindings/tensorflow/op_runner.py); torch calls `finish()` at once. Requests are named
-`name` + a suffix when `name` is given (a TF1 graph, whose ops run in any order), else by
-submission order.
+Each function takes the upstream gradients on this rank as core arrays (numpy or CuPy), starts
+the collectives that their gradient needs, and returns `finish()`, which returns the gradients of
+this rank's inputs. A binding converts its tensors, calls one of these and converts back.
+TensorFlow's graph ops submit in one op and finish in another (bindings/tensorflow/op_runner.py):
+there the collectives go to the engine without blocking, named `name` + a suffix when `name` is
+given (a TF1 graph, whose ops run in any order), else by submission order. torch and JAX call
+`finish()` at once, so they pass `blocking=True`: each collective then runs at once, a blocking
+call in program order, without the engine's round trip (docs/benchmarks.md).
 """
 
 from typing import Callable, Optional
@@ -41,6 +42,8 @@ from ..asynchronous import (
     synchronize,
 )
 from ..buffers import array_module
+from ..collectives import alltoall
+from ..grouped import grouped_allgather, grouped_allreduce
 from ..ops import ReduceOp, result_factor
 from ..process_sets import ProcessSet, global_process_set
 from ..state import rank
@@ -64,27 +67,39 @@ def _member(name: Optional[str], suffix: str) -> Optional[str]:
     return None if name is None else f"{name}.{suffix}"
 
 
-def _waiting(handle) -> Finish:
+def _started(blocking: bool, now: Callable, start: Callable, *args, **kwargs) -> Finish:
+    """Run the blocking collective `now(*args, **kwargs)` at once if `blocking`, else submit its
+    asynchronous form `start`; return the finish that gives its result."""
+    if blocking:
+        result = now(*args, **kwargs)
+        return lambda: result
+    handle = start(*args, **kwargs)
     return lambda: synchronize(handle)
+
+
+def _grouped_allreduce(blocking: bool, arrays: list, **options) -> Finish:
+    return _started(blocking, grouped_allreduce, grouped_allreduce_async, arrays, **options)
+
+
+def _grouped_allgather(blocking: bool, arrays: list, **options) -> Finish:
+    return _started(blocking, grouped_allgather, grouped_allgather_async, arrays, **options)
 
 
 def _set(process_set: Optional[ProcessSet]) -> ProcessSet:
     return process_set or global_process_set
 
 
-def _summed(grads: list, process_set, name) -> Finish:
+def _summed(grads: list, process_set, name, blocking: bool) -> Finish:
     """Start G, the sum over the ranks of the upstream gradients; return its finish."""
-    return _waiting(
-        grouped_allreduce_async(
-            grads, op=ReduceOp.SUM, process_set=process_set, name=_member(name, "sum")
-        )
+    return _grouped_allreduce(
+        blocking, grads, op=ReduceOp.SUM, process_set=process_set, name=_member(name, "sum")
     )
 
 
-def _gathered(grads: list, process_set, name) -> Finish:
+def _gathered(grads: list, process_set, name, blocking: bool) -> Finish:
     """Start G, the concatenation of the ranks' upstream gradients of their rows."""
-    return _waiting(
-        grouped_allgather_async(grads, process_set=process_set, name=_member(name, "rows"))
+    return _grouped_allgather(
+        blocking, grads, process_set=process_set, name=_member(name, "rows")
     )
 
 
@@ -95,8 +110,8 @@ def allreduce_gradients(grads: list, inputs: Optional[list] = None, **reduction)
         grads: the upstream gradient of each output on this rank.
         inputs: the forward pass's inputs on this rank; read by Min, Max and Product only.
         reduction: the forward all-reduce's op, prescale_factor, postscale_factor and
-            process_set, and name, the base of the requests' names (None: submission order);
-            _reduction_gradient() lists them with their defaults.
+            process_set, and name, the base of the requests' names (None: submission order),
+            and blocking (see above); _reduction_gradient() lists them with their defaults.
 
     Raises:
         ValueError: op is Adasum, whose result is no fixed function of one rank's input.
@@ -122,6 +137,7 @@ def _reduction_gradient(
     postscale_factor: float = 1.0,
     process_set: Optional[ProcessSet] = global_process_set,
     name: Optional[str] = None,
+    blocking: bool = False,
 ) -> Finish:
     """Check `op`, start G (`start_upstream`: _summed or _gathered); return the gradient's finish.
 
@@ -132,14 +148,14 @@ def _reduction_gradient(
             "an Adasum all-reduce has no gradient here: Adasum combines the ranks' gradients "
             "(DistributedOptimizer(op=hvd.Adasum)); inside a model use op=hvd.Sum or hvd.Average"
         )
-    upstream = start_upstream(grads, process_set, name)
+    upstream = start_upstream(grads, process_set, name, blocking)
     return _through_reduction(
-        upstream, inputs, op, prescale_factor, postscale_factor, _set(process_set), name
+        upstream, inputs, op, prescale_factor, postscale_factor, _set(process_set), name, blocking
     )
 
 
 def _through_reduction(
-    upstream: Finish, inputs, op: ReduceOp, pre: float, post: float, process_set, name
+    upstream: Finish, inputs, op, pre: float, post: float, process_set, name, blocking: bool
 ) -> Finish:
     """Return the finish of a reduction's gradient, given the finish of G (`upstream`).
 
@@ -154,26 +170,25 @@ def _through_reduction(
         raise ValueError(f"the gradient of a {op.name} reduction needs the forward's inputs")
     prescaled = [x if pre == 1.0 else x * pre for x in inputs]
     if op == ReduceOp.PRODUCT:
-        return _product_gradient(upstream, prescaled, scale, process_set, name)
-    return _extreme_gradient(upstream, prescaled, op, scale, process_set, name)
+        return _product_gradient(upstream, prescaled, scale, process_set, name, blocking)
+    return _extreme_gradient(upstream, prescaled, op, scale, process_set, name, blocking)
 
 
-def _extreme_gradient(upstream: Finish, prescaled: list, op, scale, process_set, name) -> Finish:
+def _extreme_gradient(
+    upstream: Finish, prescaled: list, op, scale, process_set, name, blocking: bool
+) -> Finish:
     """Min or Max: G goes to the ranks that hold the extreme, split evenly between them."""
-    extremes = _waiting(
-        grouped_allreduce_async(
-            prescaled, op=op, process_set=process_set, name=_member(name, "extreme")
-        )
+    extremes = _grouped_allreduce(
+        blocking, prescaled, op=op, process_set=process_set, name=_member(name, "extreme")
     )
 
     def finish() -> list:
         summed, extreme = upstream(), extremes()
         held = [(z == m).astype(g.dtype) for z, m, g in zip(prescaled, extreme, summed)]
-        holders = synchronize(
-            grouped_allreduce_async(
-                held, op=ReduceOp.SUM, process_set=process_set, name=_member(name, "holders")
-            )
-        )
+        holders = _grouped_allreduce(
+            blocking, held, op=ReduceOp.SUM, process_set=process_set,
+            name=_member(name, "holders"),
+        )()  # fmt: skip
         # Where no rank holds it (a NaN), no rank gets a gradient, rather than 0 / 0.
         return [
             g * scale * h / array_module(c).maximum(c, 1) for g, h, c in zip(summed, held, holders)
@@ -182,16 +197,15 @@ def _extreme_gradient(upstream: Finish, prescaled: list, op, scale, process_set,
     return finish
 
 
-def _product_gradient(upstream: Finish, prescaled: list, scale, process_set, name) -> Finish:
+def _product_gradient(
+    upstream: Finish, prescaled: list, scale, process_set, name, blocking: bool
+) -> Finish:
     """Product: G times the product of the other ranks' prescaled inputs (without division,
     so that a zero on one rank still gives the others their gradient)."""
-    factors = _waiting(
-        grouped_allgather_async(
-            [z.reshape(1, -1) for z in prescaled],
-            process_set=process_set,
-            name=_member(name, "factors"),
-        )
-    )
+    factors = _grouped_allgather(
+        blocking, [z.reshape(1, -1) for z in prescaled], process_set=process_set,
+        name=_member(name, "factors"),
+    )  # fmt: skip
 
     def finish() -> list:
         summed, stacks, me = upstream(), factors(), process_set.rank()
@@ -216,6 +230,7 @@ def allgather_gradients(
     *,
     process_set: Optional[ProcessSet] = global_process_set,
     name: Optional[str] = None,
+    blocking: bool = False,
 ) -> Finish:
     """Start the gradient of an allgather (or a grouped one); return its finish.
 
@@ -224,14 +239,13 @@ def allgather_gradients(
         rows: the number of rows (dimension 0) of each input on this rank.
     """
     process_set = _set(process_set)
-    summed = _summed(grads, process_set, name)
-    counts = _waiting(
-        grouped_allgather_async(
-            # On the host, whatever holds the gradients: one row of counts per rank.
-            [np.asarray(rows, dtype=np.int64).reshape(1, -1)],
-            process_set=process_set,
-            name=_member(name, "counts"),
-        )
+    summed = _summed(grads, process_set, name, blocking)
+    counts = _grouped_allgather(
+        blocking,
+        # On the host, whatever holds the gradients: one row of counts per rank.
+        [np.asarray(rows, dtype=np.int64).reshape(1, -1)],
+        process_set=process_set,
+        name=_member(name, "counts"),
     )
 
     def finish() -> list:
@@ -249,9 +263,10 @@ def broadcast_gradients(
     *,
     process_set: Optional[ProcessSet] = global_process_set,
     name: Optional[str] = None,
+    blocking: bool = False,
 ) -> Finish:
     """Start the gradient of a broadcast from global rank `root_rank`; return its finish."""
-    summed = _summed(grads, process_set, name)
+    summed = _summed(grads, process_set, name, blocking)
     if rank() == root_rank:
         return summed
     return lambda: [array_module(g).zeros_like(g) for g in summed()]
@@ -263,11 +278,13 @@ def alltoall_gradients(
     *,
     process_set: Optional[ProcessSet] = global_process_set,
     name: Optional[str] = None,
+    blocking: bool = False,
 ) -> Finish:
     """Start the gradient of an alltoall that received `received_splits` rows from each rank.
 
     `grads` holds the one upstream gradient; the finish returns the one input gradient.
     """
     (grad,) = grads
-    handle = alltoall_async(grad, received_splits, process_set=process_set, name=name)
-    return lambda: [synchronize(handle)[0]]
+    back = _started(blocking, alltoall, alltoall_async, grad, received_splits,
+                    process_set=process_set, name=name)  # fmt: skip
+    return lambda: [back()[0]]
