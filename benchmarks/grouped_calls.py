@@ -1,20 +1,23 @@
-"""The blocking grouped allgather and reduce-scatter: one agreement for a list of arrays.
+"""The blocking grouped collectives: one agreement for a list of arrays.
 
     mpiexec -n 2 python benchmarks/grouped_calls.py               # prints a table
     mpiexec -n 2 python benchmarks/grouped_calls.py --out results/grouped_calls.json
 
 In one MPI job, `--count` float32 arrays of each size (the same rows on every rank), op Sum for
-the reduce-scatter, the contenders taking turns block by block (each block starts after a
-barrier and keeps the slowest rank's mean; the median of `--repeats` blocks):
+the reduce-scatter and Average for the all-reduce, the contenders taking turns block by block
+(each block starts after a barrier and keeps the slowest rank's mean; the median of `--repeats`
+blocks):
 
-    core grouped      horovodlite.grouped_allgather / grouped_reducescatter (absent before
-                      they existed: the contender is skipped)
+    core grouped      horovodlite.grouped_allgather / grouped_reducescatter / grouped_allreduce
+                      (absent before they existed: the contender is skipped)
     core via engine   synchronize(grouped_*_async(...)): the asynchronous form, waited for at once
-    core one by one   one blocking allgather / reducescatter per array
-    mpi4py            MPI_Allgather / MPI_Reduce_scatter_block per array, preallocated: the MPI
-                      library's floor
-    torch grouped     horovodlite.torch.grouped_allgather / grouped_reducescatter
-    jax jit grouped   the same of horovodlite.jax inside jax.jit (the allgather with `rows`)
+    core one by one   one blocking allgather / reducescatter / allreduce per array
+    mpi4py            MPI_Allgather / MPI_Reduce_scatter_block / MPI_Allreduce per array,
+                      preallocated: the MPI library's floor (the all-reduce then divides)
+    torch grouped     horovodlite.torch.grouped_allgather / grouped_reducescatter /
+                      grouped_allreduce_ (in place: after the first call every rank holds the
+                      mean, which stays the mean)
+    jax jit grouped   horovodlite.jax's grouped form inside jax.jit (the allgather with `rows`)
 
 The framework contenders run where torch or jax is installed. Every result is checked against
 mpi4py's.
@@ -30,6 +33,7 @@ from mpi4py import MPI
 
 import horovodlite as hvd
 
+KINDS = ("allgather", "reducescatter", "allreduce")
 CONTENDERS = ("core grouped", "core via engine", "core one by one", "mpi4py", "torch grouped",
               "jax jit grouped")  # fmt: skip
 
@@ -58,12 +62,12 @@ def timed(comm, calls: dict, repeats: int, block_seconds: float) -> dict:
 
 
 def calls_for(kind: str, arrays: list, comm, results: dict) -> dict:
-    """Return {contender: one call} for `kind` ("allgather" or "reducescatter") of `arrays`."""
+    """Return {contender: one call} for `kind` (one of KINDS) of `arrays`."""
     size = comm.size
     sync = getattr(hvd, f"grouped_{kind}", None)
     start = getattr(hvd, f"grouped_{kind}_async")
     single = getattr(hvd, kind)
-    options = {"op": hvd.Sum} if kind == "reducescatter" else {}
+    options = {"reducescatter": {"op": hvd.Sum}, "allreduce": {"op": hvd.Average}}.get(kind, {})
     calls = {}
     if sync is not None:
         calls["core grouped"] = lambda: results.__setitem__("core grouped", sync(arrays, **options))
@@ -74,6 +78,14 @@ def calls_for(kind: str, arrays: list, comm, results: dict) -> dict:
     if kind == "allgather":
         outs = [np.empty((size * a.shape[0],), a.dtype) for a in arrays]
         mpi = [(a, out, comm.Allgather) for a, out in zip(arrays, outs)]
+    elif kind == "allreduce":
+        outs = [np.empty_like(a) for a in arrays]
+
+        def mean(send, out):
+            comm.Allreduce(send, out, op=MPI.SUM)
+            out /= size
+
+        mpi = [(a, out, mean) for a, out in zip(arrays, outs)]
     else:
         outs = [np.empty((a.shape[0] // size,), a.dtype) for a in arrays]
         mpi = [(a, out, lambda s, o: comm.Reduce_scatter_block(s, o, op=MPI.SUM))
@@ -89,8 +101,8 @@ def calls_for(kind: str, arrays: list, comm, results: dict) -> dict:
         import horovodlite.torch as ht
         import torch
 
-        tensors = [torch.from_numpy(a) for a in arrays]
-        grouped = getattr(ht, f"grouped_{kind}")
+        tensors = [torch.from_numpy(a.copy()) for a in arrays]
+        grouped = getattr(ht, "grouped_allreduce_" if kind == "allreduce" else f"grouped_{kind}")
         calls["torch grouped"] = lambda: results.__setitem__(
             "torch grouped", [t.numpy() for t in grouped(tensors, **options)])
     except ImportError:
@@ -104,6 +116,8 @@ def calls_for(kind: str, arrays: list, comm, results: dict) -> dict:
         if kind == "allgather":
             rows = [[a.shape[0]] * size for a in arrays]
             step = jax.jit(lambda *xs: hj.grouped_allgather(list(xs), rows=rows))
+        elif kind == "allreduce":
+            step = jax.jit(lambda *xs: hj.grouped_allreduce(list(xs), op=hj.Average))
         else:
             step = jax.jit(lambda *xs: hj.grouped_reducescatter(list(xs), op=hj.Sum))
         calls["jax jit grouped"] = lambda: results.__setitem__(
@@ -124,7 +138,7 @@ def main() -> None:
     hvd.init()
     comm = MPI.COMM_WORLD.Dup()
     rows = []
-    for kind in ("allgather", "reducescatter"):
+    for kind in KINDS:
         for nbytes in (int(s) for s in args.sizes.split(",")):
             values = max(comm.size, nbytes // 4 // comm.size * comm.size)  # divides evenly
             arrays = [np.arange(values, dtype=np.float32) % 7 + comm.rank + i
@@ -134,7 +148,7 @@ def main() -> None:
                             args.block_seconds)  # fmt: skip
             floor = results["mpi4py"]
             for name, seconds in medians.items():
-                exact = all(np.array_equal(np.asarray(r).reshape(-1), f)
+                exact = all(np.allclose(np.asarray(r).reshape(-1), f, rtol=1e-6, atol=0)
                             for r, f in zip(results[name], floor))  # fmt: skip
                 exact = all(comm.allgather(exact))
                 rows.append({"np": comm.size, "collective": kind, "bytes": nbytes,
@@ -143,7 +157,7 @@ def main() -> None:
     if comm.rank == 0:
         print(f"| ranks | collective | bytes x {args.count} | " + " | ".join(CONTENDERS) + " |")
         print("| --- " * (3 + len(CONTENDERS)) + "|")
-        for kind in ("allgather", "reducescatter"):
+        for kind in KINDS:
             for nbytes in (int(s) for s in args.sizes.split(",")):
                 cells = {r["contender"]: r for r in rows
                          if r["collective"] == kind and r["bytes"] == nbytes}  # fmt: skip

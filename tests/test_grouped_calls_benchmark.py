@@ -28,7 +28,7 @@ def test_grouped_calls_smoke_run(tmp_path):
             expected.add(contender)
         except ImportError:
             pass
-    for kind in ("allgather", "reducescatter"):
+    for kind in ("allgather", "reducescatter", "allreduce"):
         mine = [r for r in rows if r["collective"] == kind]
         assert {r["contender"] for r in mine} == expected, kind
         assert all(r["exact"] and r["median_us"] > 0 for r in mine), mine

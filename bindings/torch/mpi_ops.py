@@ -282,9 +282,9 @@ def grouped_allreduce_(
 ) -> list:
     """All-reduce every tensor in `tensors` in place, as one fused buffer; return them."""
     args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
-    return synchronize(
-        _allreduce_async(list(tensors), name=name, args=args, inplace=True, grouped=True)
-    )
+    views = [TensorView(t) for t in tensors]
+    results = core.grouped_allreduce([v.array for v in views], name=name, inplace=True, **args)
+    return [v.write_back(r) for v, r in zip(views, results)]
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> Handle:

@@ -52,8 +52,14 @@ def test_grouped_allreduce_forms():
     tensors = [torch.ones(3), torch.full((2, 2), 2.0)]
     out = hvd.grouped_allreduce(tensors, op=hvd.Sum)
     assert [o.tolist() for o in out] == [[n] * 3, [[2 * n] * 2] * 2]
-    hvd.grouped_allreduce_(tensors, op=hvd.Sum)
-    assert tensors[0].tolist() == [n] * 3
+    returned = hvd.grouped_allreduce_(tensors, op=hvd.Sum)
+    assert all(a is b for a, b in zip(returned, tensors))
+    assert tensors[0].tolist() == [n] * 3 and tensors[1].tolist() == [[2 * n] * 2] * 2
+    # In place into a non-contiguous view and a tensor of another dtype, in one group.
+    base, counts = torch.arange(12.0).reshape(3, 4), torch.arange(4, dtype=torch.int64)
+    hvd.grouped_allreduce_([base.t(), counts], op=hvd.Sum, name="g.views")
+    assert base.tolist() == (torch.arange(12.0).reshape(3, 4) * n).tolist()
+    assert counts.tolist() == [k * n for k in range(4)]
     handle = hvd.grouped_allreduce_async([torch.ones(1), torch.ones(2)], name="g", op=hvd.Sum)
     assert [o.tolist() for o in hvd.synchronize(handle)] == [[n], [n, n]]
 
