@@ -25,39 +25,15 @@ formula (the gradient of the sum of the ranks' losses, docs/equivalence.md).
 import argparse
 import json
 import os
-import statistics
-import time
 import warnings
 
 import numpy as np
 from mpi4py import MPI
+from training_jobs import timed_in_turns
 
 CONTENDERS = ("hvd allreduce", "gloo all_reduce", "hvd allgather", "gloo all_gather",
               "hvd allreduce Max", "hvd SyncBatchNorm", "jax grad allreduce",
               "jax grad allgather")  # fmt: skip
-
-
-def timed(comm, calls: dict, repeats: int, block_seconds: float) -> dict:
-    """Return {contender: median seconds per call}: blocks in turn, the slowest rank's mean."""
-    counts = {}
-    for name, call in calls.items():
-        call()
-        start = time.perf_counter()
-        call()
-        once = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
-        counts[name] = max(2, min(1000, int(block_seconds / max(once, 1e-7))))
-    times = {name: [] for name in calls}
-    names = list(calls)
-    for repeat in range(repeats):
-        shift = repeat % len(names)
-        for name in names[shift:] + names[:shift]:
-            comm.Barrier()
-            start = time.perf_counter()
-            for _ in range(counts[name]):
-                calls[name]()
-            mean = (time.perf_counter() - start) / counts[name]
-            times[name].append(comm.allreduce(mean, op=MPI.MAX))
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def torch_calls(comm, values: int, checks: dict) -> dict:
@@ -143,7 +119,7 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     checks = {}
     calls = {**torch_calls(comm, args.values, checks), **jax_calls(comm, args.values, checks)}
-    medians = timed(comm, calls, args.repeats, args.block_seconds)
+    medians = timed_in_turns(comm, calls, args.repeats, args.block_seconds)
     rows = [{"np": comm.size, "values": args.values, "contender": name,
              "median_us": 1e6 * seconds, "right": all(comm.allgather(checks[name]))}
             for name, seconds in medians.items()]  # fmt: skip

@@ -25,40 +25,16 @@ mpi4py's.
 
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 from mpi4py import MPI
+from training_jobs import timed_in_turns
 
 import horovodlite as hvd
 
 KINDS = ("allgather", "reducescatter", "allreduce")
 CONTENDERS = ("core grouped", "core via engine", "core one by one", "mpi4py", "torch grouped",
               "jax jit grouped")  # fmt: skip
-
-
-def timed(comm, calls: dict, repeats: int, block_seconds: float) -> dict:
-    """Return {contender: median seconds per call}: blocks in turn, the slowest rank's mean."""
-    counts = {}
-    for name, call in calls.items():
-        call()  # a jitted contender compiles here
-        start = time.perf_counter()
-        call()
-        once = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
-        counts[name] = max(2, min(2000, int(block_seconds / max(once, 1e-7))))
-    times = {name: [] for name in calls}
-    names = list(calls)
-    for repeat in range(repeats):
-        shift = repeat % len(names)
-        for name in names[shift:] + names[:shift]:
-            comm.Barrier()
-            start = time.perf_counter()
-            for _ in range(counts[name]):
-                calls[name]()
-            mean = (time.perf_counter() - start) / counts[name]
-            times[name].append(comm.allreduce(mean, op=MPI.MAX))
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def calls_for(kind: str, arrays: list, comm, results: dict) -> dict:
@@ -144,7 +120,7 @@ def main() -> None:
             arrays = [np.arange(values, dtype=np.float32) % 7 + comm.rank + i
                       for i in range(args.count)]  # fmt: skip
             results = {}
-            medians = timed(comm, calls_for(kind, arrays, comm, results), args.repeats,
+            medians = timed_in_turns(comm, calls_for(kind, arrays, comm, results), args.repeats,
                             args.block_seconds)  # fmt: skip
             floor = results["mpi4py"]
             for name, seconds in medians.items():

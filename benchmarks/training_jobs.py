@@ -1,4 +1,5 @@
-"""What the training-step benchmarks (torch_ddp.py, keras_fit.py) share.
+"""What the benchmarks share: the training-step ones' jobs (torch_ddp.py, keras_fit.py, ...) and
+the timing of calls in turns inside one job (grouped_calls.py, collective_gradients.py).
 
 The driver runs the benchmark script once per rank count under the installed mpiexec (the
 script's worker writes its results to a JSON file named by `--worker`); inside a job the step
@@ -13,6 +14,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import time
 
 
 def argument_parser(doc: str, contenders: tuple, out: str) -> argparse.ArgumentParser:
@@ -158,3 +160,33 @@ def run_and_report(script: str, args, contenders: tuple, ratio: tuple, versions)
         json.dump(report, f, indent=1)
     print(table(report["results"], contenders, ratio=ratio))
     print(f"median step time in ms; written to {args.out}")
+
+
+def timed_in_turns(comm, calls: dict, repeats: int, block_seconds: float) -> dict:
+    """Return {name: median seconds per call} of `calls` (name -> a call), run in turns.
+
+    Each call is sized to about `block_seconds` a block from one timed call; then `repeats`
+    rounds, the order rotated each round, each block after a barrier, keeping the slowest
+    rank's mean per block.
+    """
+    from mpi4py import MPI
+
+    counts = {}
+    for name, call in calls.items():
+        call()  # (a jitted call compiles here)
+        start = time.perf_counter()
+        call()
+        once = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+        counts[name] = max(2, min(2000, int(block_seconds / max(once, 1e-7))))
+    times = {name: [] for name in calls}
+    names = list(calls)
+    for repeat in range(repeats):
+        shift = repeat % len(names)
+        for name in names[shift:] + names[:shift]:
+            comm.Barrier()
+            start = time.perf_counter()
+            for _ in range(counts[name]):
+                calls[name]()
+            mean = (time.perf_counter() - start) / counts[name]
+            times[name].append(comm.allreduce(mean, op=MPI.MAX))
+    return {name: statistics.median(values) for name, values in times.items()}
