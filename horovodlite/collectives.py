@@ -236,7 +236,6 @@ def reducescatter_plan(
 reducescatter = synchronous(reducescatter_plan, "reducescatter")
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Data movement.
 
@@ -296,7 +295,6 @@ def allgather_plan(tensor, *, name=None, process_set=global_process_set) -> Plan
 
 
 allgather = synchronous(allgather_plan, "allgather")
-
 
 
 def allgather_into_plan(out, rows, *, name=None, process_set=global_process_set) -> Plan:
