@@ -127,10 +127,14 @@ def _allreduce_now(tensor, *, name, args: dict, inplace: bool = False) -> torch.
     return view.to_tensor(core.allreduce(view.array, name=name, **args))
 
 
-def _grouped_allreduce_now(tensors, *, name, args: dict) -> list:
+def _grouped_now(collective, tensors, *, inplace: bool = False, **kwargs) -> list:
+    """Run the core's blocking grouped `collective` on `tensors`; return the results as tensors
+    (written into `tensors` themselves where `inplace`)."""
     views = [TensorView(t) for t in tensors]
-    results = core.grouped_allreduce([v.array for v in views], name=name, **args)
-    return [v.to_tensor(r) for v, r in zip(views, results)]
+    if inplace:  # (only the all-reduce has an in-place form)
+        kwargs["inplace"] = True
+    results = collective([v.array for v in views], **kwargs)
+    return [(v.write_back if inplace else v.to_tensor)(r) for v, r in zip(views, results)]
 
 
 def allreduce_async(
@@ -242,7 +246,7 @@ class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, args, *tensors):
         _save_inputs(ctx, args, tensors)
-        return tuple(_grouped_allreduce_now(tensors, name=name, args=args))
+        return tuple(_grouped_now(core.grouped_allreduce, tensors, name=name, **args))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -267,7 +271,7 @@ def grouped_allreduce(
     if _graph_needed(wires):
         results = _GroupedAllreduce.apply(name, args, *wires)
     else:
-        results = _grouped_allreduce_now(wires, name=name, args=args)
+        results = _grouped_now(core.grouped_allreduce, wires, name=name, **args)
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed)]
 
 
@@ -282,9 +286,7 @@ def grouped_allreduce_(
 ) -> list:
     """All-reduce every tensor in `tensors` in place, as one fused buffer; return them."""
     args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
-    views = [TensorView(t) for t in tensors]
-    results = core.grouped_allreduce([v.array for v in views], name=name, inplace=True, **args)
-    return [v.write_back(r) for v, r in zip(views, results)]
+    return _grouped_now(core.grouped_allreduce, tensors, inplace=True, name=name, **args)
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> Handle:
@@ -352,10 +354,8 @@ class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, process_set, *tensors):
         ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
-        views = [TensorView(t) for t in tensors]
-        arrays = [v.array for v in views]
-        results = core.grouped_allgather(arrays, name=name, process_set=process_set)
-        return tuple(v.to_tensor(r) for v, r in zip(views, results))
+        return tuple(_grouped_now(core.grouped_allgather, tensors, name=name,
+                                  process_set=process_set))  # fmt: skip
 
     @staticmethod
     def backward(ctx, *grads):
@@ -506,9 +506,7 @@ class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, args, *tensors):
         _save_inputs(ctx, args, tensors)
-        views = [TensorView(t) for t in tensors]
-        results = core.grouped_reducescatter([v.array for v in views], name=name, **args)
-        return tuple(v.to_tensor(r) for v, r in zip(views, results))
+        return tuple(_grouped_now(core.grouped_reducescatter, tensors, name=name, **args))
 
     @staticmethod
     def backward(ctx, *grads):
