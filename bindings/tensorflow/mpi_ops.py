@@ -14,7 +14,7 @@ import horovodlite as core
 import tensorflow as tf
 from horovodlite.ops import ReduceOp
 from horovodlite.process_sets import global_process_set, process_set_ranks
-from horovodlite.training import collective_gradients, reduce_kwargs, run_per_dtype
+from horovodlite.training import collective_gradients, reduce_kwargs, run_per_dtype, started
 
 from .compression import Compression
 from .op_runner import (
@@ -24,7 +24,6 @@ from .op_runner import (
     run_local,
     run_op,
     set_size,
-    waiting,
 )
 
 __all__ = [
@@ -50,8 +49,10 @@ __all__ = [
 # -- all-reduce -----------------------------------------------------------------------------
 
 
-def _allreduce_start(arrays, *, name, args: dict):
-    """Submit the all-reduce of `arrays`, one fused group per dtype; return its wait."""
+def _allreduce_start(arrays, *, name, args: dict, blocking: bool):
+    """Start the all-reduce of `arrays`, one fused buffer per dtype; return its finish."""
+    if blocking:
+        return started(True, core.grouped_allreduce, None, list(arrays), name=name, **args)
 
     def start(group, suffix):
         group_name = name if name is None or suffix is None else f"{name}.{suffix}"
@@ -81,7 +82,9 @@ def _allreduce_dense(tensors, *, name, args: dict) -> list:
     def forward(xs, name=name):
         request = request_name(name, kind="allreduce")
         return run_op(
-            lambda *arrays: _allreduce_start(arrays, name=request, args=args),
+            lambda *arrays, blocking: _allreduce_start(
+                arrays, name=request, args=args, blocking=blocking
+            ),
             xs,
             touts=[x.dtype for x in xs],
             shapes=[x.shape for x in xs],
@@ -103,8 +106,9 @@ def _gradient_op(rule, dys, xs, *, extra=(), kind: str, **options) -> list:
     request = request_name(None, kind=kind)
     count = len(dys)
 
-    def start(*arrays):
-        return rule(list(arrays[:count]), *arrays[count:], name=request, **options)
+    def start(*arrays, blocking):
+        grads, extra_arrays = list(arrays[:count]), arrays[count:]
+        return rule(grads, *extra_arrays, name=request, blocking=blocking, **options)
 
     return run_op(
         start,
@@ -228,7 +232,8 @@ def grouped_allreduce(
 
 
 def _by_rows(xs: list, start, backward, *, name, kind: str) -> list:
-    """Run `start(arrays, request)`, a grouped collective along dimension 0, as one op on `xs`.
+    """Run `start(arrays, request, blocking)`, a grouped collective along dimension 0 that
+    returns its finish (finishing.started), as one op on `xs`.
 
     The results' dimension 0 is unknown until run (rows_shape); `backward` is their gradient.
     """
@@ -241,7 +246,7 @@ def _by_rows(xs: list, start, backward, *, name, kind: str) -> list:
     def forward(xs):
         request = request_name(name, kind=kind)
         return run_op(
-            lambda *arrays: waiting(start(arrays, request)),
+            lambda *arrays, blocking: start(arrays, request, blocking),
             xs,
             touts=[x.dtype for x in xs],
             shapes=[rows_shape(x) for x in xs],
@@ -255,8 +260,9 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=g
     """Return allgather() of every tensor in `tensors`, as one op (differentiable)."""
     tensors = [tf.convert_to_tensor(t) for t in tensors]
 
-    def start(arrays, request):
-        return core.grouped_allgather_async(arrays, name=request, process_set=process_set)
+    def start(arrays, request, blocking):
+        return started(blocking, core.grouped_allgather, core.grouped_allgather_async,
+                       list(arrays), name=request, process_set=process_set)  # fmt: skip
 
     def backward(dys, xs):
         rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])
@@ -287,13 +293,21 @@ def _broadcast_tensors(tensors, *, root_rank, name, process_set) -> list:
     def forward(xs, name=name):
         request = request_name(name, kind="broadcast")
 
-        def start(*arrays):
+        def start(*arrays, blocking):
             names = [None if request is None else f"{request}.{i}" for i in range(len(arrays))]
-            handles = [
-                core.broadcast_async(array, root_rank, name=n, process_set=process_set)
+            finishes = [
+                started(
+                    blocking,
+                    core.broadcast,
+                    core.broadcast_async,
+                    array,
+                    root_rank,
+                    name=n,
+                    process_set=process_set,
+                )
                 for array, n in zip(arrays, names)
             ]
-            return lambda: [core.synchronize(handle) for handle in handles]
+            return lambda: [finish() for finish in finishes]
 
         return run_op(
             start,
@@ -372,21 +386,22 @@ def alltoall(
         )
     split_tensor = tf.cast(tf.reshape(split_tensor, [-1]), tf.int64)
 
-    def exchange(array, send, request):
+    def exchange(array, send, request, blocking):
         if not given:
             # Even splits, given explicitly so the received splits come back for the gradient.
             # An indivisible tensor goes in without splits, for the core to report on every rank.
             size = set_size(process_set)
             rows = array.shape[0] if array.ndim else -1
             send = np.full(size, rows // size, np.int64) if rows >= 0 and rows % size == 0 else None
-        return waiting(core.alltoall_async(array, send, name=request, process_set=process_set))
+        return started(blocking, core.alltoall, core.alltoall_async, array, send, name=request,
+                       process_set=process_set)  # fmt: skip
 
     received = []
 
     def forward(xs):
         request = request_name(name, kind="alltoall")
         out, got = run_op(
-            lambda array, send: exchange(array, send, request),
+            lambda array, send, blocking: exchange(array, send, request, blocking),
             [xs[0], split_tensor],
             touts=[xs[0].dtype, tf.int32],
             shapes=[rows_shape(xs[0]), tf.TensorShape([None])],
@@ -413,8 +428,9 @@ def _reducescatter(tensors, compression, *, name, args: dict) -> list:
     """Reduce-scatter `tensors` as one op, each compressed on the wire (differentiable)."""
     compressed = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
 
-    def start(arrays, request):
-        return core.grouped_reducescatter_async(arrays, name=request, **args)
+    def start(arrays, request, blocking):
+        return started(blocking, core.grouped_reducescatter, core.grouped_reducescatter_async,
+                       list(arrays), name=request, **args)  # fmt: skip
 
     def backward(dys, xs):
         return _reduction_gradient(collective_gradients.reducescatter_gradients, dys, xs, args)
@@ -475,12 +491,12 @@ def barrier(process_set=global_process_set):
     """Wait until every rank of the process set reaches this op (in a graph: runs it)."""
     request = request_name(None, kind="barrier")
 
-    def start():
-        # Through the engine, so a barrier is a submit and a wait like every other collective.
-        handle = core.allreduce_async(
-            np.zeros(1, np.int8), op=ReduceOp.SUM, name=request, process_set=process_set
-        )
-        return waiting(handle, lambda _: [True])
+    def start(blocking):
+        # An all-reduce, so that in a TF1 graph a barrier is a submit and a wait like every
+        # other collective.
+        finish = started(blocking, core.allreduce, core.allreduce_async, np.zeros(1, np.int8),
+                         op=ReduceOp.SUM, name=request, process_set=process_set)  # fmt: skip
+        return lambda: (finish(), [True])[1]
 
     return run_op(start, [], touts=[tf.bool], shapes=[tf.TensorShape([])], kind="Barrier")[0]
 

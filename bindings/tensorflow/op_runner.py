@@ -1,13 +1,13 @@
 """Running the core's collectives as TensorFlow ops: eagerly, inside `tf.function`, in TF1 graphs.
 
-Every op hands numpy arrays to the core's engine and waits for the result. Eagerly it runs at
-once; in a graph it is a `tf.numpy_function` that runs when the graph does (in a TF1 graph, two:
-a submit and a wait, so that waits never hold the threads submits need). Inside `tf.function`
-(and the graph `model.fit` compiles) TensorFlow runs stateful ops in program order, so requests
-keep the engine's submission-order names, as eager code does. In a TF1 graph, ops that do not
-depend on each other may run in any order, so each op takes a name from its place in the graph
-(the same on every rank that built the same graph) and the engine matches requests by it.
-mpi_ops.py builds each collective on these.
+Every op hands numpy arrays to the core and returns its result. Eagerly it runs at once; in a
+graph it is a `tf.numpy_function` that runs when the graph does. Eager code and `tf.function`
+(and the graph `model.fit` compiles) run the collectives in program order, the same on every
+rank, so each is a blocking call of the core, without the engine. In a TF1 graph, ops that do
+not depend on each other may run in any order, so each collective is two ops, a submit to the
+engine and a wait, and takes a name from its place in the graph (the same on every rank that
+built the same graph), by which the engine matches requests. mpi_ops.py builds each collective
+on these.
 """
 
 import contextlib
@@ -28,7 +28,6 @@ __all__ = [
     "run_local",
     "run_op",
     "set_size",
-    "waiting",
 ]
 
 
@@ -41,9 +40,9 @@ __all__ = [
 # every request of the step that does not depend on its result. The engine matches requests by
 # name in any order, so every request is then submitted on every rank and completes.
 #
-# - Eagerly the submit and the wait run at once, one after the other.
-# - Inside tf.function TensorFlow runs stateful ops in program order (automatic control
-#   dependencies), the same on every rank, so one op does both.
+# - Eagerly, and inside tf.function, where TensorFlow runs stateful ops in program order
+#   (automatic control dependencies), the same on every rank, nothing needs to come between the
+#   submit and the wait: one op runs the collective as a blocking call (`_at_once`).
 # - In a TF1 graph they are two ops, and every wait gets a control dependency on every submit of
 #   the graph that does not depend on it and reads the same sources (placeholders, variables,
 #   iterators: `_sources`), so fetching one collective never runs a collective that reads
@@ -104,10 +103,15 @@ class _InvalidArgumentError(ValueError, tf.errors.InvalidArgumentError):
         return type(self), (self.message,)
 
 
+def _at_once(start, arrays):
+    """Return the finish of the collective `start` run as a blocking call, when finished."""
+    return lambda: start(*arrays, blocking=True)()
+
+
 def _run_eagerly(start, arrays, touts: list) -> list:
     """Run the collective `start` now; raise its errors with TensorFlow's classes."""
     try:
-        return _finishing(start(*arrays), touts)()
+        return _finishing(_at_once(start, arrays), touts)()
     except (_MismatchError, _InvalidArgumentError):
         raise
     except ValueError as error:
@@ -164,10 +168,12 @@ def _raising_mismatch(outs: list, mismatch) -> list:
 
 
 def run_op(start, inputs: list, *, touts: list, shapes: list, kind: str) -> list:
-    """Return the tensors that the collective `start(*arrays)` computes, eagerly or in a graph.
+    """Return the tensors that the collective `start(*arrays, blocking=...)` computes, eagerly
+    or in a graph.
 
-    `start` submits to the engine without blocking and returns `finish`, which waits for the
-    other ranks and returns the results (see above for how the two are ordered in graphs).
+    `start` returns `finish`, which returns the results. With `blocking=True` (eagerly, inside
+    tf.function) it runs the collective at once; with False (a TF1 graph) it submits it to the
+    engine without blocking, and `finish` waits for the other ranks (see above for the order).
     """
     inputs = [tf.convert_to_tensor(t) for t in inputs]
     if tf.executing_eagerly():
@@ -175,7 +181,7 @@ def run_op(start, inputs: list, *, touts: list, shapes: list, kind: str) -> list
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
     if tf.inside_function():
         *outs, mismatch = tf.numpy_function(
-            lambda *arrays: _finishing_in_graph(start(*arrays), touts)(),
+            lambda *arrays: _finishing_in_graph(_at_once(start, arrays), touts)(),
             inputs,
             [*touts, tf.string],
             stateful=True,
@@ -187,11 +193,6 @@ def run_op(start, inputs: list, *, touts: list, shapes: list, kind: str) -> list
     for out, shape in zip(outs, shapes):
         out.set_shape(shape)
     return list(outs)
-
-
-def waiting(handle, results=lambda result: result):
-    """Return the wait for `handle`: its synchronized result, passed through `results`."""
-    return lambda: results(core.synchronize(handle))
 
 
 def run_local(func, *, touts: list, kind: str) -> list:
@@ -256,7 +257,7 @@ def _submit_then_wait(start, inputs: list, *, touts: list, kind: str) -> list:
             # Waits finish every request their run submitted (below), unless the run failed
             # first: every rank submitted it, so it completes; let it, so its name is free.
             unfinished.complete()
-        request = _Request(_finishing_in_graph(start(*arrays), touts))
+        request = _Request(_finishing_in_graph(start(*arrays, blocking=False), touts))
         with _ticket_lock:
             collective.ticket = next(_ticket_numbers)
             _tickets[collective.ticket] = request

@@ -5,8 +5,9 @@ keep only the glue to their framework (casts, tensors, hooks) and take the rest 
 `common` (the core names every binding re-exports) is imported by the bindings themselves.
 """
 
-from . import compression, grouping, locality, reduction
+from . import compression, finishing, grouping, locality, reduction
 from .compression import *  # noqa: F403
+from .finishing import *  # noqa: F403
 from .grouping import *  # noqa: F403
 from .locality import *  # noqa: F403
 from .reduction import *  # noqa: F403
@@ -16,3 +17,4 @@ __all__ += compression.__all__
 __all__ += reduction.__all__
 __all__ += grouping.__all__
 __all__ += locality.__all__
+__all__ += finishing.__all__

@@ -24,29 +24,25 @@ sum of the losses (docs/equivalence.md, "Collectives inside the model").
 Each function takes the upstream gradients on this rank as core arrays (numpy or CuPy), starts
 the collectives that their gradient needs, and returns `finish()`, which returns the gradients of
 this rank's inputs. A binding converts its tensors, calls one of these and converts back.
-TensorFlow's graph ops submit in one op and finish in another (bindings/tensorflow/op_runner.py):
-there the collectives go to the engine without blocking, named `name` + a suffix when `name` is
-given (a TF1 graph, whose ops run in any order), else by submission order. torch and JAX call
-`finish()` at once, so they pass `blocking=True`: each collective then runs at once, a blocking
-call in program order, without the engine's round trip (docs/benchmarks.md).
+With `blocking=True` each collective runs at once, a blocking call in program order
+(finishing.py): what torch's and JAX's backward passes and TensorFlow's eager code and
+`tf.function`s use. A TF1 graph submits in one op and finishes in another
+(bindings/tensorflow/op_runner.py): there, with `blocking=False`, the collectives go to the
+engine, named `name` + a suffix (the graph's ops run in any order).
 """
 
 from typing import Callable, Optional
 
 import numpy as np
 
-from ..asynchronous import (
-    alltoall_async,
-    grouped_allgather_async,
-    grouped_allreduce_async,
-    synchronize,
-)
+from ..asynchronous import alltoall_async, grouped_allgather_async, grouped_allreduce_async
 from ..buffers import array_module
 from ..collectives import alltoall
 from ..grouped import grouped_allgather, grouped_allreduce
 from ..ops import ReduceOp, result_factor
 from ..process_sets import ProcessSet, global_process_set
 from ..state import rank
+from .finishing import Finish, started
 
 __all__ = [
     "allreduce_gradients",
@@ -57,8 +53,6 @@ __all__ = [
     "NEEDS_INPUTS",
 ]
 
-Finish = Callable[[], list]
-
 # The ops whose gradient reads the forward pass's inputs, not only the upstream gradient.
 NEEDS_INPUTS = (ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 
@@ -67,22 +61,12 @@ def _member(name: Optional[str], suffix: str) -> Optional[str]:
     return None if name is None else f"{name}.{suffix}"
 
 
-def _started(blocking: bool, now: Callable, start: Callable, *args, **kwargs) -> Finish:
-    """Run the blocking collective `now(*args, **kwargs)` at once if `blocking`, else submit its
-    asynchronous form `start`; return the finish that gives its result."""
-    if blocking:
-        result = now(*args, **kwargs)
-        return lambda: result
-    handle = start(*args, **kwargs)
-    return lambda: synchronize(handle)
-
-
 def _grouped_allreduce(blocking: bool, arrays: list, **options) -> Finish:
-    return _started(blocking, grouped_allreduce, grouped_allreduce_async, arrays, **options)
+    return started(blocking, grouped_allreduce, grouped_allreduce_async, arrays, **options)
 
 
 def _grouped_allgather(blocking: bool, arrays: list, **options) -> Finish:
-    return _started(blocking, grouped_allgather, grouped_allgather_async, arrays, **options)
+    return started(blocking, grouped_allgather, grouped_allgather_async, arrays, **options)
 
 
 def _set(process_set: Optional[ProcessSet]) -> ProcessSet:
@@ -98,9 +82,7 @@ def _summed(grads: list, process_set, name, blocking: bool) -> Finish:
 
 def _gathered(grads: list, process_set, name, blocking: bool) -> Finish:
     """Start G, the concatenation of the ranks' upstream gradients of their rows."""
-    return _grouped_allgather(
-        blocking, grads, process_set=process_set, name=_member(name, "rows")
-    )
+    return _grouped_allgather(blocking, grads, process_set=process_set, name=_member(name, "rows"))
 
 
 def allreduce_gradients(grads: list, inputs: Optional[list] = None, **reduction) -> Finish:
@@ -285,6 +267,6 @@ def alltoall_gradients(
     `grads` holds the one upstream gradient; the finish returns the one input gradient.
     """
     (grad,) = grads
-    back = _started(blocking, alltoall, alltoall_async, grad, received_splits,
+    back = started(blocking, alltoall, alltoall_async, grad, received_splits,
                     process_set=process_set, name=name)  # fmt: skip
     return lambda: [back()[0]]
