@@ -9,7 +9,7 @@ DistributedOptimizer builds on this package.
 import operator
 
 import keras
-from horovodlite.training import ReductionSettings, reduce_gradients, run_per_dtype
+from horovodlite.training import ReductionSettings, reduce_gradients
 
 __all__ = ["framework", "gradient_reducer"]
 
@@ -65,10 +65,6 @@ class _TorchGradientReducer:
         compression = self.settings.compression
         compressed = [compression.compress(t) for t in tensors]
         wires = [t.contiguous() for t, _ in compressed]
-
-        def start(group, _suffix):
-            # Unnamed requests: the engine matches them in submission order.
-            return self.ops.grouped_allreduce_async(group, **self.settings.reduce_kwargs)
-
-        reduced = run_per_dtype(wires, start, self.ops.synchronize)
+        # One blocking call, one fused buffer per dtype: nothing runs between submit and wait.
+        reduced = self.ops.grouped_allreduce(wires, **self.settings.reduce_kwargs)
         return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
