@@ -1,13 +1,14 @@
 """Running the core's collectives as TensorFlow ops: eagerly, inside `tf.function`, in TF1 graphs.
 
-Every op hands numpy arrays to the core and returns its result. Eagerly it runs at once; in a
-graph it is a `tf.numpy_function` that runs when the graph does. Eager code and `tf.function`
-(and the graph `model.fit` compiles) run the collectives in program order, the same on every
-rank, so each is a blocking call of the core, without the engine. In a TF1 graph, ops that do
-not depend on each other may run in any order, so each collective is two ops, a submit to the
-engine and a wait, and takes a name from its place in the graph (the same on every rank that
-built the same graph), by which the engine matches requests. mpi_ops.py builds each collective
-on these.
+Every op hands numpy arrays to the core and returns its result. Eagerly it runs at once, as a
+blocking call of the core; in a graph it is a `tf.numpy_function` that runs when the graph does
+and hands the arrays to the core's engine (in a TF1 graph, two: a submit and a wait, so that
+waits never hold the threads submits need). Inside `tf.function` (and the graph `model.fit`
+compiles) TensorFlow runs stateful ops in program order, so requests keep the engine's
+submission-order names. In a TF1 graph, ops that do not depend on each other may run in any
+order, so each op takes a name from its place in the graph (the same on every rank that built
+the same graph) and the engine matches requests by it. mpi_ops.py builds each collective on
+these.
 """
 
 import contextlib
@@ -48,9 +49,12 @@ __all__ = [
 # every request of the step that does not depend on its result. The engine matches requests by
 # name in any order, so every request is then submitted on every rank and completes.
 #
-# - Eagerly, and inside tf.function, where TensorFlow runs stateful ops in program order
-#   (automatic control dependencies), the same on every rank, nothing needs to come between the
-#   submit and the wait: one op runs the collective as a blocking call (`_at_once`).
+# - Eagerly nothing comes between the submit and the wait: the collective runs as a blocking
+#   call (`_at_once`), without the engine's round trip.
+# - Inside tf.function TensorFlow runs stateful ops in program order (automatic control
+#   dependencies), the same on every rank, so one op submits and then waits. (A blocking call
+#   there took 1.2 to 1.3x the engine's time for grouped all-reduces of 5 to 8 MB, a train
+#   step's gradients, on a TensorFlow thread: docs/tensorflow.md.)
 # - In a TF1 graph they are two ops, and every wait gets a control dependency on every submit of
 #   the graph that does not depend on it and reads the same sources (placeholders, variables,
 #   iterators: `_sources`), so fetching one collective never runs a collective that reads
@@ -179,9 +183,9 @@ def run_op(start, inputs: list, *, touts: list, shapes: list, kind: str) -> list
     """Return the tensors that the collective `start(*arrays, blocking=...)` computes, eagerly
     or in a graph.
 
-    `start` returns `finish`, which returns the results. With `blocking=True` (eagerly, inside
-    tf.function) it runs the collective at once; with False (a TF1 graph) it submits it to the
-    engine without blocking, and `finish` waits for the other ranks (see above for the order).
+    `start` returns `finish`, which returns the results. With `blocking=True` (eagerly) it runs
+    the collective at once; with False (in a graph) it submits it to the engine without
+    blocking, and `finish` waits for the other ranks (see above for how they are ordered).
     """
     inputs = [tf.convert_to_tensor(t) for t in inputs]
     if tf.executing_eagerly():
@@ -189,7 +193,7 @@ def run_op(start, inputs: list, *, touts: list, shapes: list, kind: str) -> list
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
     if tf.inside_function():
         *outs, mismatch = tf.numpy_function(
-            lambda *arrays: _finishing_in_graph(_at_once(start, arrays), touts)(),
+            lambda *arrays: _finishing_in_graph(start(*arrays, blocking=False), touts)(),
             inputs,
             [*touts, tf.string],
             stateful=True,

@@ -25,10 +25,9 @@ Each function takes the upstream gradients on this rank as core arrays (numpy or
 the collectives that their gradient needs, and returns `finish()`, which returns the gradients of
 this rank's inputs. A binding converts its tensors, calls one of these and converts back.
 With `blocking=True` each collective runs at once, a blocking call in program order
-(finishing.py): what torch's and JAX's backward passes and TensorFlow's eager code and
-`tf.function`s use. A TF1 graph submits in one op and finishes in another
-(bindings/tensorflow/op_runner.py): there, with `blocking=False`, the collectives go to the
-engine, named `name` + a suffix (the graph's ops run in any order).
+(finishing.py): what torch's and JAX's backward passes and TensorFlow's eager ops use. In
+TensorFlow's graphs, with `blocking=False`, the collectives go to the engine (named `name` + a
+suffix where given: a TF1 graph's ops run in any order, bindings/tensorflow/op_runner.py).
 """
 
 from typing import Callable, Optional

@@ -2,10 +2,10 @@
 
 A binding that builds a collective in one place and takes its result in another (TensorFlow's
 ops, the collectives' gradients) holds a `Finish`: `finish()` returns the result. Where nothing
-may come between the two (eager code, `tf.function`, torch's and JAX's backward passes) the
+comes between the two (TensorFlow's eager ops, torch's and JAX's backward passes) the
 collective runs at once as a blocking call, in program order, without the engine's round trip
-(two thread hand-offs, docs/benchmarks.md); where other work must be able to start first (a TF1
-graph's submit and wait ops) it goes to the engine, which matches requests by name.
+(two thread hand-offs, docs/benchmarks.md); in TensorFlow's graphs it goes to the engine, which
+matches requests by name (bindings/tensorflow/op_runner.py says why).
 """
 
 from typing import Callable
