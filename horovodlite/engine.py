@@ -22,6 +22,7 @@ down.
 import logging
 import threading
 import time
+from typing import Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -121,7 +122,7 @@ class Engine:
             counter = (plan.process_set_id, plan.kind)
             count = self._auto_names.get(counter, 0)
             self._auto_names[counter] = count + 1
-            name = f"{plan.kind}.noname.{count}"
+            name = _auto_name(plan.kind, count)
             # A copy: the plan's fields may be a template that other plans share.
             plan.fields = {**plan.fields, "name": name}
         key = (plan.process_set_id, name)
@@ -328,9 +329,19 @@ class Engine:
                     continue
                 if request is None:  # this rank has joined: it contributes zeros
                     request = Request.zeros(entry.fields, key, entry.fingerprint)
+                    self._count_answered(key, entry.fields["collective"])
             runs.append(request)
         for batch in into_batches(runs, self.fusion_threshold):
             self._run_batch(batch, agreed)
+
+    def _count_answered(self, key: tuple, kind: str) -> None:
+        """Count an unnamed request that this joined rank answered with zeros as its own, so
+        that once the join ends its next unnamed request takes the others' next name."""
+        number = _auto_number(kind, key[1])
+        if number is not None:
+            counter = (key[0], kind)
+            with self._lock:
+                self._auto_names[counter] = max(self._auto_names.get(counter, 0), number + 1)
 
     def _run_batch(self, batch: list, agreed: float) -> None:
         """Run one batch (buckets.py) on its process set's communicator; hand out the results."""
@@ -383,3 +394,16 @@ class Engine:
             self._cycled.notify_all()
         for request in requests:  # each error names its own collective
             self._finish([request], error=type(error)(f"{describe(request.plan.fields)}: {error}"))
+
+
+def _auto_name(kind: str, number: int) -> str:
+    """Return the name of this rank's `number`th unnamed request of `kind` (in its process set)."""
+    return f"{kind}.noname.{number}"
+
+
+def _auto_number(kind: str, name) -> Optional[int]:
+    """Return N where `name` is _auto_name(kind, N), else None."""
+    prefix = _auto_name(kind, "")
+    if isinstance(name, str) and name.startswith(prefix) and name[len(prefix) :].isdigit():
+        return int(name[len(prefix) :])
+    return None

@@ -59,6 +59,23 @@ def test_sync_collectives_beside_a_joined_rank():
     still_in_step()
 
 
+def test_unnamed_requests_stay_in_step_after_a_join():
+    # The others' unnamed requests take automatic names ("allreduce.noname.N") that rank 0
+    # never took while it was joined; it counts those it answered, so after the join every
+    # rank's next unnamed request has the same name.
+    n, me = hvd.size(), hvd.rank()
+    if me == 0:
+        hvd.join()
+    else:
+        handles = [hvd.allreduce_async(np.full(2, float(me)), op=hvd.Sum) for _ in range(3)]
+        for handle in handles:
+            np.testing.assert_array_equal(hvd.synchronize(handle), np.full(2, n * (n - 1) / 2))
+        hvd.join()
+    handle = hvd.allreduce_async(np.full(2, float(me)), op=hvd.Sum)
+    np.testing.assert_array_equal(hvd.synchronize(handle), np.full(2, n * (n - 1) / 2))
+    still_in_step()
+
+
 def test_a_mismatch_among_active_ranks_is_still_a_mismatch():
     n, me = hvd.size(), hvd.rank()
     if n < 3:
