@@ -23,12 +23,10 @@ The framework contenders run where torch or jax is installed. Every result is ch
 mpi4py's.
 """
 
-import argparse
-import json
 
 import numpy as np
 from mpi4py import MPI
-from training_jobs import timed_in_turns
+from training_jobs import save_rows, timed_in_turns, turn_arguments
 
 import horovodlite as hvd
 
@@ -104,13 +102,8 @@ def calls_for(kind: str, arrays: list, comm, results: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1024,65536,1048576", help="bytes per array")
-    parser.add_argument("--count", type=int, default=4, help="arrays per grouped call")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--block-seconds", type=float, default=0.1)
-    parser.add_argument("--out", default=None, help="write the rows as JSON here (rank 0)")
-    args = parser.parse_args()
+    args = turn_arguments(__doc__.splitlines()[0], sizes="1024,65536,1048576", count=4,
+                          block_seconds=0.1, unit="array")  # fmt: skip
     hvd.init()
     comm = MPI.COMM_WORLD.Dup()
     rows = []
@@ -141,9 +134,7 @@ def main() -> None:
                         if c in cells else "" for c in CONTENDERS]  # fmt: skip
                 print(f"| {comm.size} | {kind} | {nbytes} | " + " | ".join(line) + " |")
         print("µs per grouped call, median of blocks, slowest rank (! = differs from mpi4py)")
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"benchmark": "grouped_calls", "rows": rows}, f, indent=1)
+        save_rows(args.out, "grouped_calls", rows)
     comm.Free()
 
 

@@ -23,8 +23,6 @@ blocks, training_jobs.timed_in_turns):
 Every collective's result is checked against numpy's.
 """
 
-import argparse
-import json
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -33,7 +31,7 @@ import horovodlite.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from training_jobs import timed_in_turns  # noqa: E402
+from training_jobs import save_rows, timed_in_turns, turn_arguments  # noqa: E402
 
 CONTENDERS = ("eager allreduce", "eager allreduce, taped", "function allreduce", "eager grouped",
               "function grouped", "eager allgather", "eager broadcast", "mpi4py allreduce",
@@ -94,13 +92,8 @@ def expected_results(values: int, count: int, comm) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1024,1048576", help="bytes per tensor")
-    parser.add_argument("--count", type=int, default=8, help="tensors per grouped call")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--block-seconds", type=float, default=0.2)
-    parser.add_argument("--out", default=None, help="write the rows as JSON here (rank 0)")
-    args = parser.parse_args()
+    args = turn_arguments(__doc__.splitlines()[0], sizes="1024,1048576", count=8,
+                          block_seconds=0.2, unit="tensor")  # fmt: skip
     hvd.init()
     comm = MPI.COMM_WORLD.Dup()
     rows = []
@@ -131,9 +124,7 @@ def main() -> None:
                     for r in cells]  # fmt: skip
             print(f"| {comm.size} | {name} | " + " | ".join(line) + " |")
         print("µs per call, median of blocks, slowest rank (! = differs from numpy's result)")
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"benchmark": "tf_calls", "rows": rows}, f, indent=1)
+        save_rows(args.out, "tf_calls", rows)
     comm.Free()
 
 

@@ -162,6 +162,27 @@ def run_and_report(script: str, args, contenders: tuple, ratio: tuple, versions)
     print(f"median step time in ms; written to {args.out}")
 
 
+def turn_arguments(description: str, *, sizes: str, count: int, block_seconds: float,
+                   unit: str):  # fmt: skip
+    """Return the parsed arguments of a benchmark of grouped calls timed in turns."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--sizes", default=sizes, help=f"bytes per {unit}")
+    parser.add_argument("--count", type=int, default=count, help=f"{unit}s per grouped call")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--block-seconds", type=float, default=block_seconds)
+    parser.add_argument("--out", default=None, help="write the rows as JSON here (rank 0)")
+    return parser.parse_args()
+
+
+def save_rows(out, benchmark: str, rows: list) -> None:
+    """Write `rows` as `benchmark`'s JSON to `out` (nothing when `out` is None)."""
+    if out:
+        with open(out, "w") as f:
+            json.dump({"benchmark": benchmark, "rows": rows}, f, indent=1)
+
+
 def timed_in_turns(comm, calls: dict, repeats: int, block_seconds: float) -> dict:
     """Return {name: median seconds per call} of `calls` (name -> a call), run in turns.
 

@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-__all__ = ["mpiexec_argv", "run_ranks", "RANK_COUNTS"]
+__all__ = ["mpiexec_argv", "run_ranks", "benchmark_rows", "RANK_COUNTS"]
 
 RANK_COUNTS = (1, 2, 3, 4)
 
@@ -49,3 +49,16 @@ def run_ranks(np: int, args: list, timeout: float = 180, env: dict = None):
         out += f"\n*** killed after {timeout} s: the job hung ***"
         return subprocess.CompletedProcess(argv, -9, out)
     return subprocess.CompletedProcess(argv, proc.returncode, out)
+
+
+def benchmark_rows(script: str, args: list, out, np: int = 2, timeout: float = 240) -> list:
+    """Run benchmarks/`script` with `args` on `np` ranks, writing its JSON to `out`; return the
+    JSON's rows (a smoke run: the job must succeed, its timings are not checked)."""
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / script
+    result = run_ranks(np, [str(path), *args, "--out", str(out)], timeout=timeout)
+    assert result.returncode == 0, result.stdout[-5000:]
+    return json.loads(pathlib.Path(out).read_text())["rows"]
+

@@ -4,23 +4,14 @@ Its timings are not checked (speed is measured, never asserted); what is: every 
 can run here reports a time and a result equal to MPI's own.
 """
 
-import json
-import pathlib
-
 import pytest
-from mpirun import run_ranks
-
-BENCHMARK = pathlib.Path(__file__).parent.parent / "benchmarks" / "grouped_calls.py"
+from mpirun import benchmark_rows
 
 
 @pytest.mark.mpi
 def test_grouped_calls_smoke_run(tmp_path):
-    out = tmp_path / "grouped.json"
-    args = [str(BENCHMARK), "--sizes", "1024", "--count", "3", "--repeats", "1",
-            "--block-seconds", "0.01", "--out", str(out)]  # fmt: skip
-    result = run_ranks(2, args, timeout=240)
-    assert result.returncode == 0, result.stdout[-5000:]
-    rows = json.loads(out.read_text())["rows"]
+    args = ["--sizes", "1024", "--count", "3", "--repeats", "1", "--block-seconds", "0.01"]
+    rows = benchmark_rows("grouped_calls.py", args, tmp_path / "grouped.json")
     expected = {"core grouped", "core via engine", "core one by one", "mpi4py"}
     for module, contender in (("torch", "torch grouped"), ("jax", "jax jit grouped")):
         try:
