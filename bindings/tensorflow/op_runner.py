@@ -20,6 +20,7 @@ import numpy as np
 
 import horovodlite as core
 import tensorflow as tf
+from horovodlite.process_sets import global_process_set
 
 try:  # whether a tape or an accumulator records on this thread: TensorFlow's own test, 0.1 µs
     from tensorflow.python.eager.record import could_possibly_record as _recording
@@ -28,7 +29,6 @@ except ImportError:  # (a TensorFlow that moved it: always record, as before)
     def _recording() -> bool:
         return True
 
-from horovodlite.process_sets import global_process_set
 
 __all__ = [
     "differentiable",
@@ -53,7 +53,7 @@ __all__ = [
 #   call (`_at_once`), without the engine's round trip.
 # - Inside tf.function TensorFlow runs stateful ops in program order (automatic control
 #   dependencies), the same on every rank, so one op submits and then waits. (A blocking call
-#   there took 1.2 to 1.3x the engine's time for grouped all-reduces of 5 to 8 MB, a train
+#   there took 1.2 to 1.4x the engine's time for grouped all-reduces of 4.8 to 8 MB, a train
 #   step's gradients, on a TensorFlow thread: docs/tensorflow.md.)
 # - In a TF1 graph they are two ops, and every wait gets a control dependency on every submit of
 #   the graph that does not depend on it and reads the same sources (placeholders, variables,
@@ -116,7 +116,7 @@ class _InvalidArgumentError(ValueError, tf.errors.InvalidArgumentError):
 
 
 def _at_once(start, arrays):
-    """Return the finish of the collective `start` run as a blocking call, when finished."""
+    """Return a finish that runs the collective `start` as a blocking call when called."""
     return lambda: start(*arrays, blocking=True)()
 
 
