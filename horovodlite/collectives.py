@@ -28,7 +28,6 @@ from .fusion import FusionEntry, allreduce_fields, fused_allreduce
 from .ops import ReduceOp, combined_as, resolve_op, result_factor
 from .plan import Plan, run_now, signature_of, synchronous, templates, waiter
 from .process_sets import communicator, global_process_set
-from .result_memory import result_memory
 from .staging import deliver, flat_work, scale
 from .state import current
 from .transport import select
@@ -285,7 +284,7 @@ def allgather_plan(tensor, *, name=None, process_set=global_process_set) -> Plan
         buf, module = flat_work(array, xp, False, transport)
         row = math.prod(array.shape[1:])
         counts = [r * row for r in rows]
-        out = result_memory(module, array.dtype, sum(counts))
+        out = module.empty(sum(counts), dtype=array.dtype)
         transport.allgatherv(comm, buf, out, counts)
         return deliver(out, array, xp, False, (sum(rows), *array.shape[1:]))
 

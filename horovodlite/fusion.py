@@ -37,7 +37,6 @@ from .algorithms.pieces import Pieces
 from .algorithms.scratch import scratch
 from .buffers import DTYPES_BY_NAME, device_module, synchronize_device
 from .ops import ReduceOp, combined_as, result_factor
-from .result_memory import result_memory
 from .staging import copy_in, deliver, host_scratch, scale, staged
 from .state import current
 from .transport import select
@@ -186,7 +185,7 @@ def _lay_out_one(entry: FusionEntry, xp, module, takes_source: bool) -> Layout:
             return Layout([array.reshape(-1)], [True], None, [], [None], [False])
         if takes_source and not entry.inplace and entry.prescale == 1.0:
             if array.flags.c_contiguous:
-                result = result_memory(module, array.dtype, array.size)
+                result = module.empty(array.size, dtype=array.dtype)
                 return Layout([result], [False], result, [], [result], [False], array.reshape(-1))
     buffer = _buffer([entry], xp, module)
     back = entry.inplace or not on_device
@@ -200,7 +199,7 @@ def _buffer(buffered: list, xp, module):
     if module is not xp:
         return host_scratch(xp, dtype, total)  # staged results are copied back to the GPU
     if any(not entry.inplace for entry in buffered):
-        return result_memory(module, dtype, total)  # out-of-place results are views of it
+        return module.empty(total, dtype=dtype)  # out-of-place results are views of it
     return scratch(module, dtype, total, "fusion")
 
 
