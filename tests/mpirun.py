@@ -61,4 +61,3 @@ def benchmark_rows(script: str, args: list, out, np: int = 2, timeout: float = 2
     result = run_ranks(np, [str(path), *args, "--out", str(out)], timeout=timeout)
     assert result.returncode == 0, result.stdout[-5000:]
     return json.loads(pathlib.Path(out).read_text())["rows"]
-

@@ -194,17 +194,16 @@ def test_eager_collectives_skip_the_engine(mode, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
 def test_all_reduces_beside_a_joined_rank(mode):
-    # Rank 0 joins; the others' all-reduces (eagerly blocking calls, in a tf.function requests
-    # to the engine) get zeros from it. Named: a joined rank does not count the unnamed requests
-    # it answers, so unnamed ones would leave the ranks' later automatic names out of step.
+    # Rank 0 joins; the others' all-reduces (eagerly blocking calls, in a tf.function unnamed
+    # requests to the engine) get zeros from it. Unnamed on purpose: the joined rank counts the
+    # unnamed requests it answers, so the later tests' automatic names stay in step.
     r, n = hvd.rank(), hvd.size()
     if r == 0:
         last = hvd.join()
     else:
         total, grouped = _run(mode, lambda: (
-            hvd.allreduce(tf.fill([2], float(r)), op=hvd.Sum, name=f"joined.{mode}"),
-            hvd.grouped_allreduce([tf.ones([3]), tf.ones([1], tf.int32)], op=hvd.Sum,
-                                  name=f"joined.group.{mode}"),
+            hvd.allreduce(tf.fill([2], float(r)), op=hvd.Sum),
+            hvd.grouped_allreduce([tf.ones([3]), tf.ones([1], tf.int32)], op=hvd.Sum),
         ))  # fmt: skip
         np.testing.assert_array_equal(total, np.full(2, n * (n - 1) / 2))
         np.testing.assert_array_equal(grouped[0], np.full(3, n - 1.0))
