@@ -113,6 +113,8 @@ Wait = Callable
 
 def exchange(comm, own: int, payload: int = 0, wait: Wait = default_wait) -> tuple:
     """Gather every rank's digest and payload; return (digests, payloads), lists in rank order."""
+    if comm.size == 1:  # nobody to disagree with: no message (a set of one, or a one-rank job)
+        return [own], [payload]
     records = _records_for(comm.size)
     records.own[0] = own
     records.own[1] = payload
@@ -127,6 +129,8 @@ def exchange_with_data(comm, own: int, data: np.ndarray, wait: Wait = default_wa
         a tuple of every rank's data, flat, in rank order, or None if the digests differ.
         The arrays are reused by the next exchange on this thread: read them before then.
     """
+    if comm.size == 1:
+        return (data.reshape(-1),) if own != FAILED else None
     key = (comm.size, data.dtype, data.shape)
     views = getattr(_local, "views", None)
     if views is None:

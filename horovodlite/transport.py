@@ -283,6 +283,7 @@ def register(name: str, factory) -> None:
     if name not in NAMES or name in ("auto", "mpi"):
         raise ValueError(f"transport name must be one of {', '.join(NAMES[2:])}, got {name!r}")
     _FACTORIES[name] = factory
+    _forget_choices()
 
 
 def available(name: str, settings) -> bool:
@@ -305,6 +306,28 @@ def select(settings, xp, op=None, dtype=None):
         ValueError: the named transport is not available in this process (its library is missing,
             or, for gloo and nccl, horovodlite.torch was not imported).
     """
+    owner, registry, choices = _choices
+    if owner is not settings or registry is not _FACTORIES:
+        choices = _forget_choices(settings)
+    key = (xp, op, dtype)
+    chosen = choices.get(key)
+    if chosen is None:
+        chosen = choices[key] = _choose(settings, xp, op, dtype)
+    return chosen
+
+
+# (the Settings, the registry, {(xp, op, dtype): transport}): select() runs on every collective,
+# and its choice follows from these alone (the factories keep what they build).
+_choices: tuple = (None, None, {})
+
+
+def _forget_choices(settings=None) -> dict:
+    global _choices
+    _choices = (settings, _FACTORIES, {})
+    return _choices[2]
+
+
+def _choose(settings, xp, op, dtype):
     mpi = _mpi(settings.ring_segment_bytes, settings.hierarchical_allgather)
     named = settings.transport
     on_device = xp is not np

@@ -204,6 +204,30 @@ def test_error_text_and_digest():
     assert agreement.describe(fields) == "allreduce 'w'"
 
 
+class _AloneComm:
+    """A communicator of one rank that fails if a check sends anything."""
+
+    size = 1
+
+    def Iallgather(self, *args):
+        raise AssertionError("a one-rank check sent a message")
+
+    def allgather(self, value):
+        return [value]
+
+
+def test_a_one_rank_check_sends_nothing_and_still_raises_the_ranks_own_error():
+    comm, fields = _AloneComm(), allreduce_fields()
+    assert agreement.exchange(comm, 7, 3) == ([7], [3])
+    assert agreement.agree(comm, fields, payload=5) == [5]
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    (row,) = agreement.exchange_with_data(comm, agreement.digest(fields), data)
+    assert row.tolist() == data.reshape(-1).tolist()
+    assert agreement.exchange_with_data(comm, agreement.FAILED, data) is None
+    with pytest.raises(ValueError, match="bad root"):
+        agreement.agree(comm, fields, ValueError("bad root"))
+
+
 # ---------------------------------------------------------------------------------------------
 # Everything that needs init() says so.
 

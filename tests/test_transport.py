@@ -70,6 +70,17 @@ def test_gloo_moves_host_buffers_only(registry):
     assert transport.select(settings("gloo"), GPU).name == "mpi"
 
 
+def test_a_choice_is_kept_until_the_settings_or_the_registry_change(registry):
+    chosen, gloo = settings("gloo"), FakeTransport("gloo", False)
+    with pytest.raises(ValueError, match="HOROVODLITE_TRANSPORT=gloo is not available"):
+        transport.select(chosen, np, ReduceOp.SUM, FLOAT32)
+    transport.register("gloo", lambda s: gloo)  # as importing horovodlite.torch does
+    assert transport.select(chosen, np, ReduceOp.SUM, FLOAT32) is gloo
+    transport.register("gloo", lambda s: FakeTransport("gloo", False))
+    assert transport.select(chosen, np, ReduceOp.SUM, FLOAT32) is not gloo
+    assert transport.select(settings("mpi"), np, ReduceOp.SUM, FLOAT32).name == "mpi"
+
+
 def test_a_named_transport_that_is_missing_is_an_error(registry):
     with pytest.raises(ValueError, match="HOROVODLITE_TRANSPORT=gloo is not available.*torch"):
         transport.select(settings("gloo"), np)
