@@ -9,8 +9,8 @@ more than MPICH's whole all-reduce (docs/benchmarks.md). Two things keep it chea
   One message instead of a check and then the all-reduce is what the tiny tensors that training
   loops average (losses, metrics) need.
 - **Short path.** `short_allreduce` makes the same check as the general path (the digest of the
-  same fields, so ranks on either path match) and the same MPI call, with as little Python as
-  possible.
+  same fields, so ranks on either path match) and the same call of MPI, or of the transport that
+  HOROVODLITE_TRANSPORT names for host data (gloo), with as little Python as possible.
 
 Whether an all-reduce travels inline depends only on what the digest covers and on the group
 size (`travels_inline`, the one rule for both paths), so ranks that agree always take the same
@@ -88,24 +88,30 @@ def _beside_joined(comm, array, op, inplace: bool, requested):
     return fused_allreduce(comm, [entry])[0]
 
 
-# (name, dtype, shape, op, algorithm, state) -> (digest, MPI type, travels inline, wait)
+# (name, dtype, shape, op, algorithm, state) -> (digest, MPI type, transport, inline, wait)
 _short_routes: dict = {}
 
 
 def _short_route(tensor, op, name, requested, state):
-    """Return (digest, MPI datatype, whether it travels inline, wait) for a short all-reduce.
+    """Return (digest, MPI datatype, transport, whether it travels inline, wait) for a short
+    all-reduce.
 
-    The datatype is None where the MPI library cannot reduce this dtype itself (float16,
-    bfloat16, bool, unsupported ones), or where another transport moves host data
-    (HOROVODLITE_TRANSPORT=gloo): those go the general way, which also reports errors.
+    MPI's own all-reduce moves it (the datatype) unless HOROVODLITE_TRANSPORT names another
+    transport for host data (gloo), which then moves it (the transport; the datatype is None).
+    Both are None where neither can take the short way: a dtype the MPI library cannot reduce
+    itself (float16, bfloat16, bool, unsupported ones), which goes the general way, as do errors.
     """
-    mpi_type = native_mpi_type(tensor.dtype)
-    if mpi_type is None or select(state.settings, np, op, tensor.dtype).name != "mpi":
-        return None, None, False, None
+    transport = select(state.settings, np, op, tensor.dtype)
+    if transport.name != "mpi":
+        mpi_type = None
+    else:
+        mpi_type, transport = native_mpi_type(tensor.dtype), None
+        if mpi_type is None:
+            return None, None, None, False, None
     size = state.comm.size
     fields = allreduce_fields(name, tensor, op, 1.0, 1.0, requested, True)
-    inline = travels_inline(tensor, op, False, requested, size)
-    return digest(fields), mpi_type, inline, waiter(state, fields, range(size))
+    inline = mpi_type is not None and travels_inline(tensor, op, False, requested, size)
+    return digest(fields), mpi_type, transport, inline, waiter(state, fields, range(size))
 
 
 # allreduce()'s options; an unknown one goes the general way, which raises the TypeError.
@@ -151,8 +157,8 @@ def short_allreduce(tensor, options: dict):
         if len(_short_routes) > 4096:  # names that change every step, or many init()s
             _short_routes.clear()
         route = _short_routes[key] = _short_route(tensor, op, name, requested, state)
-    own, mpi_type, inline, wait = route
-    if mpi_type is None:
+    own, mpi_type, transport, inline, wait = route
+    if mpi_type is None and transport is None:
         return None
     if state.settings.check_metadata:
         if inline:
@@ -170,7 +176,12 @@ def short_allreduce(tensor, options: dict):
             explain(comm, allreduce_fields(name, tensor, op, 1.0, 1.0, requested, True))
             return _beside_joined(comm, tensor, op, inplace, requested)
     out = tensor if inplace else np.empty_like(tensor)
-    send = MPI.IN_PLACE if inplace else [tensor, mpi_type]
-    comm.Allreduce(send, [out, mpi_type], MPI_OPS[combined_as(op)])
+    if transport is not None:  # (it reads `tensor` apart from `out`, or copies it there first)
+        source = None if inplace else tensor.reshape(-1)
+        transport.allreduce(comm, out.reshape(-1), combined_as(op), np, transport.name, None,
+                            source)  # fmt: skip
+    else:
+        send = MPI.IN_PLACE if inplace else [tensor, mpi_type]
+        comm.Allreduce(send, [out, mpi_type], MPI_OPS[combined_as(op)])
     scale(np, out, result_factor(op, 1.0, comm.size))
     return out

@@ -29,7 +29,9 @@ class TensorView:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
         self.tensor = tensor
-        detached = tensor.detach()
+        # (detach() only where autograd records: a call through torch's dispatcher, one of the
+        # larger parts of a small collective's cost)
+        detached = tensor.detach() if tensor.requires_grad else tensor
         self.staged = detached.is_cuda and (not _CUPY or detached.dtype == torch.bfloat16)
         if detached.is_cuda and not self.staged:
             import cupy  # optional: only CUDA tensors need it, and _CUPY says it is there
@@ -42,7 +44,7 @@ class TensorView:
         """Return `array` (a result of the core) as a tensor on this tensor's device."""
         if isinstance(array, np.ndarray):
             out = _from_numpy(array)
-            return out.to(self.tensor.device) if self.tensor.device.type != "cpu" else out
+            return out if self.tensor.is_cpu else out.to(self.tensor.device)
         return torch.from_dlpack(array)
 
     def write_back(self, array) -> torch.Tensor:

@@ -71,6 +71,21 @@ def test_allreduce_every_op(dtype):
     assert moved_by_gloo(current().comm)
 
 
+def test_the_short_and_the_general_way_meet_over_gloo():
+    # A small contiguous array takes the short way (small_allreduce.py), a strided one the
+    # general way: ranks that differ must still meet in one check and one Gloo all-reduce.
+    r = hvd.rank()
+    base = rank_values((6, 4), np.float32, r, seed=63)
+    x = base if r % 2 == 0 else np.asfortranarray(base)
+    expected = reduce_expected(everyone(base), hvd.Average)
+    for step in range(3):
+        assert_reduced(hvd.allreduce(x, name=f"gloo.ways.{step}"), expected, hvd.Average)
+    y = base.copy() if r % 2 == 0 else np.asfortranarray(base)
+    assert hvd.allreduce_(y, op=hvd.Sum, name="gloo.ways_") is y
+    assert_reduced(y, reduce_expected(everyone(base), hvd.Sum), hvd.Sum)
+    assert moved_by_gloo(current().comm)
+
+
 def test_fallbacks_to_mpi_still_reduce():
     x = rank_values((5,), np.bool_, hvd.rank(), seed=61)
     np.testing.assert_array_equal(
