@@ -1,4 +1,4 @@
-"""The short ways for small all-reduces: inside the metadata check, or straight to MPI.
+"""The short ways for all-reduces: inside the metadata check, or straight to the transport.
 
 A small all-reduce is bound by latency: building a Plan, its closures and a working copy cost
 more than MPICH's whole all-reduce (docs/benchmarks.md). Two things keep it cheap:
@@ -9,13 +9,18 @@ more than MPICH's whole all-reduce (docs/benchmarks.md). Two things keep it chea
   One message instead of a check and then the all-reduce is what the tiny tensors that training
   loops average (losses, metrics) need.
 - **Short path.** `short_allreduce` makes the same check as the general path (the digest of the
-  same fields, so ranks on either path match) and the same call of MPI, or of the transport that
-  HOROVODLITE_TRANSPORT names for host data (gloo), with as little Python as possible.
+  same fields, so ranks on either path match) and the same call, with as little Python as
+  possible: MPI's own all-reduce for a small host array, or the transport's all-reduce where
+  another transport moves the array (gloo for host arrays where HOROVODLITE_TRANSPORT names it,
+  NCCL for GPU arrays), at any size, reading the input apart from the new result. The CPU twin
+  (gloo) runs the very lines a GPU array on NCCL runs (docs/gpu.md).
 
 Whether an all-reduce travels inline depends only on what the digest covers and on the group
 size (`travels_inline`, the one rule for both paths), so ranks that agree always take the same
 way, and ranks that differ meet in the same exchange and raise.
 """
+
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -69,7 +74,7 @@ def inline_allreduce(comm, own: int, array, op, inplace: bool, fields, ranks, wa
     rows = exchange_with_data(comm, own, array, wait)
     if rows is None:
         explain(comm, fields(), ranks=ranks)  # raises, or returns beside joined ranks
-        return _beside_joined(comm, array, op, inplace, None)
+        return _beside_joined(comm, array, np, op, inplace, None)
     # Rank by rank, so every rank adds in the same order and gets the same bits; pairwise ufuncs
     # on the cached rows, as ufunc.reduce over a 2-D view costs more at these sizes (same doc).
     ufunc = _UFUNCS[combined_as(op)]
@@ -82,34 +87,37 @@ def inline_allreduce(comm, own: int, array, op, inplace: bool, fields, ranks, wa
     return out if array.ndim == 1 else out.reshape(array.shape)
 
 
-def _beside_joined(comm, array, op, inplace: bool, requested):
-    """All-reduce host `array` the general way, as ranks in join() do with their zeros."""
-    entry = FusionEntry(array, np, inplace, op, 1.0, 1.0, requested)
+def _beside_joined(comm, array, xp, op, inplace: bool, requested):
+    """All-reduce `array` the general way, as ranks in join() do with their zeros."""
+    entry = FusionEntry(array, xp, inplace, op, 1.0, 1.0, requested)
     return fused_allreduce(comm, [entry])[0]
 
 
-# (name, dtype, shape, op, algorithm, state) -> (digest, MPI type, transport, inline, wait)
+# (name, array type, dtype, shape, op, algorithm, state) -> (digest, MPI type, transport, inline,
+# wait)
 _short_routes: dict = {}
 
 
-def _short_route(tensor, op, name, requested, state):
+def _short_route(tensor, xp, op, name, requested, state):
     """Return (digest, MPI datatype, transport, whether it travels inline, wait) for a short
-    all-reduce.
+    all-reduce of `tensor`, an array of `xp`.
 
-    MPI's own all-reduce moves it (the datatype) unless HOROVODLITE_TRANSPORT names another
-    transport for host data (gloo), which then moves it (the transport; the datatype is None).
-    Both are None where neither can take the short way: a dtype the MPI library cannot reduce
-    itself (float16, bfloat16, bool, unsupported ones), which goes the general way, as do errors.
+    On the host MPI's own all-reduce moves it (the datatype), unless HOROVODLITE_TRANSPORT names
+    another transport for host data (gloo); a GPU array takes the transport that carries GPU
+    buffers (NCCL). That transport then moves it, and the datatype is None. Both are None where
+    neither can take the short way: a GPU array that MPI would move (through host memory, or a
+    CUDA-aware MPI), a dtype the MPI library cannot reduce itself (float16, bfloat16, bool):
+    those go the general way, as do errors.
     """
-    transport = select(state.settings, np, op, tensor.dtype)
-    if transport.name != "mpi":
-        mpi_type = None
-    else:
-        mpi_type, transport = native_mpi_type(tensor.dtype), None
+    transport = select(state.settings, xp, op, tensor.dtype)
+    on_host = xp is np
+    mpi_type = None
+    if transport.name == "mpi":
+        mpi_type, transport = native_mpi_type(tensor.dtype) if on_host else None, None
         if mpi_type is None:
             return None, None, None, False, None
     size = state.comm.size
-    fields = allreduce_fields(name, tensor, op, 1.0, 1.0, requested, True)
+    fields = allreduce_fields(name, tensor, op, 1.0, 1.0, requested, on_host)
     inline = mpi_type is not None and travels_inline(tensor, op, False, requested, size)
     return digest(fields), mpi_type, transport, inline, waiter(state, fields, range(size))
 
@@ -122,18 +130,19 @@ _OPTIONS = frozenset(
 
 
 def short_allreduce(tensor, options: dict):
-    """All-reduce a small contiguous numpy array on all ranks; return None to go the general way.
+    """All-reduce a contiguous array on all ranks; return None to go the general way.
 
     `options` are allreduce()'s keyword arguments. Scaling, `average=`, a process set or any
-    argument error go the general way, which checks and reports them.
+    argument error go the general way, which checks and reports them, as does a host array past
+    SMALL_MESSAGE_BYTES that MPI moves (MPI's own all-reduce is not the algorithm chosen there).
     """
     get = options.get
     inplace = get("inplace", False)
+    xp = _module_of(tensor)
     if (
-        type(tensor) is not np.ndarray
-        or tensor.nbytes > algorithms.SMALL_MESSAGE_BYTES
+        xp is None
         or not tensor.flags.c_contiguous
-        or (inplace and not tensor.flags.writeable)
+        or (inplace and not getattr(tensor.flags, "writeable", True))  # (CuPy's always are)
         or get("process_set", global_process_set) is not global_process_set
         or get("prescale_factor", 1.0) != 1.0
         or get("postscale_factor", 1.0) != 1.0
@@ -151,14 +160,14 @@ def short_allreduce(tensor, options: dict):
     elif type(op) is not ReduceOp or op is _ADASUM:
         return None
     comm = state.comm
-    key = (name, tensor.dtype, tensor.shape, op, requested, state)
+    key = (name, xp, tensor.dtype, tensor.shape, op, requested, state)
     route = _short_routes.get(key)
     if route is None:
         if len(_short_routes) > 4096:  # names that change every step, or many init()s
             _short_routes.clear()
-        route = _short_routes[key] = _short_route(tensor, op, name, requested, state)
+        route = _short_routes[key] = _short_route(tensor, xp, op, name, requested, state)
     own, mpi_type, transport, inline, wait = route
-    if mpi_type is None and transport is None:
+    if transport is None and (mpi_type is None or tensor.nbytes > algorithms.SMALL_MESSAGE_BYTES):
         return None
     if state.settings.check_metadata:
         if inline:
@@ -173,15 +182,23 @@ def short_allreduce(tensor, options: dict):
                 wait,
             )
         if not same_everywhere(comm, own, wait):
-            explain(comm, allreduce_fields(name, tensor, op, 1.0, 1.0, requested, True))
-            return _beside_joined(comm, tensor, op, inplace, requested)
-    out = tensor if inplace else np.empty_like(tensor)
+            explain(comm, allreduce_fields(name, tensor, op, 1.0, 1.0, requested, xp is np))
+            return _beside_joined(comm, tensor, xp, op, inplace, requested)
+    out = tensor if inplace else xp.empty_like(tensor)
     if transport is not None:  # (it reads `tensor` apart from `out`, or copies it there first)
         source = None if inplace else tensor.reshape(-1)
-        transport.allreduce(comm, out.reshape(-1), combined_as(op), np, transport.name, None,
+        transport.allreduce(comm, out.reshape(-1), combined_as(op), xp, transport.name, None,
                             source)  # fmt: skip
     else:
         send = MPI.IN_PLACE if inplace else [tensor, mpi_type]
         comm.Allreduce(send, [out, mpi_type], MPI_OPS[combined_as(op)])
-    scale(np, out, result_factor(op, 1.0, comm.size))
+    scale(xp, out, result_factor(op, 1.0, comm.size))
     return out
+
+
+def _module_of(tensor):
+    """Return numpy or CuPy for an array of theirs (CuPy only if imported), else None."""
+    if type(tensor) is np.ndarray:
+        return np
+    cupy = sys.modules.get("cupy")
+    return cupy if cupy is not None and type(tensor) is cupy.ndarray else None
