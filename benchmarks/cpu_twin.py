@@ -19,10 +19,14 @@ Each block times `iterations` back-to-back calls after a barrier; the slowest ra
 call counts; the median over `--repeats` blocks is reported.
 
 Gloo's own call varies from block to block by more than the difference the target asks about
-(50 µs at 1 KiB), so `--pairs N` also times N pairs of single calls, `hvd` and
-`gloo-after-sync`, each after an MPI barrier, in turns (which goes first alternates): the
-difference within each pair (the slowest rank's time of each) cancels what drifts between
-pairs. The median difference is reported with a 95% bootstrap interval of that median.
+(50 µs at 1 KiB), so `--pairs N` also times N rounds of single calls, each after an MPI barrier,
+in turns (the order alternates): `hvd`, `gloo-after-sync`, and Gloo's own call on the very group
+horovodlite moves the data on (`pg.allreduce` of a clone: torch's API, none of horovodlite's
+code). The difference within each round (the slowest rank's time of each) cancels what drifts
+between rounds. Two Gloo groups of one job can differ by more than that, one group slower than
+the other by up to 1 ms at 1 KiB in some jobs (docs/benchmarks.md), so the difference on the same
+group is horovodlite's own cost; the one against torch's group is what the issue's target names.
+Each median difference is reported with a 95% bootstrap interval of that median.
 """
 
 import argparse
@@ -76,19 +80,26 @@ def _worker(args) -> None:
             call()
         return comm.allreduce((time.perf_counter() - start) / iterations, op=MPI.MAX)
 
-    def paired(tensor, count: int) -> list:
-        """Return `count` differences: hvd's call minus Gloo's, each after a barrier (seconds)."""
-        hvd_call, gloo_call = hvd.allreduce, dist.all_reduce
-        own = np.empty((count, 2))
+    def paired(tensor, count: int) -> tuple:
+        """Return `count` differences each: hvd's call minus Gloo's on torch's group, and minus
+        Gloo's on horovodlite's own group, every call after a barrier (seconds)."""
+        hvd.allreduce(tensor, op=hvd.Sum)  # (horovodlite builds its group on first use)
+        same_group = transport.group(state.comm).backend
+        calls = (
+            lambda: hvd.allreduce(tensor, op=hvd.Sum),
+            lambda: dist.all_reduce(tensor.clone()),
+            lambda: same_group.allreduce([tensor.clone()]).wait(),
+        )
+        own = np.empty((count, len(calls)))
         for i in range(count):
-            for k in (0, 1) if i % 2 == 0 else (1, 0):
+            for k in range(len(calls)) if i % 2 == 0 else reversed(range(len(calls))):
                 comm.Barrier()
                 start = time.perf_counter()
-                hvd_call(tensor, op=hvd.Sum) if k == 0 else gloo_call(tensor.clone())
+                calls[k]()
                 own[i, k] = time.perf_counter() - start
         slowest = np.empty_like(own)
         comm.Allreduce(own, slowest, op=MPI.MAX)
-        return (slowest[:, 0] - slowest[:, 1]).tolist()
+        return (slowest[:, 0] - slowest[:, 1]).tolist(), (slowest[:, 0] - slowest[:, 2]).tolist()
 
     results = []
     for nbytes in args.sizes:
@@ -106,7 +117,7 @@ def _worker(args) -> None:
         row = {"bytes": nbytes, "iterations": iterations}
         row.update({name: statistics.median(values) for name, values in times.items()})
         if args.pairs:
-            row["differences"] = paired(tensor, args.pairs)
+            row["differences"], row["differences_same_group"] = paired(tensor, args.pairs)
         results.append(row)
     if rank == 0:
         with open(args.output, "w") as f:
@@ -127,13 +138,15 @@ def table(data: dict) -> str:
             f"{us['gloo-after-sync']:>11.1f} {us['floor']:>9.1f} "
             f"{us['hvd'] - us['gloo']:>9.1f} {us['hvd'] / us['gloo']:>9.3f}"
         )
+    against = {"differences": "gloo-after-sync", "differences_same_group": "gloo on hvd's group"}
     for row in data["results"]:
-        if "differences" in row:
-            median, low, high = _median_interval(row["differences"])
+        for key, other in against.items():
+            if key not in row:
+                continue
+            median, low, high = _median_interval(row[key])
             lines.append(
-                f"{row['bytes']:>10} bytes: hvd - gloo-after-sync, {len(row['differences'])} "
-                f"pairs: median {median * 1e6:.1f} µs (95% interval {low * 1e6:.1f} to "
-                f"{high * 1e6:.1f})"
+                f"{row['bytes']:>10} bytes: hvd - {other}, {len(row[key])} rounds: median "
+                f"{median * 1e6:.1f} µs (95% interval {low * 1e6:.1f} to {high * 1e6:.1f})"
             )
     return "\n".join(lines)
 
