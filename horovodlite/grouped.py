@@ -52,7 +52,9 @@ def _run_group(collective: str, name, plans: list, execute) -> list:
     fields = {
         "collective": collective,
         "name": name,
-        "members": tuple(tuple(sorted(p.fields.items())) for p in plans),
+        # (in the fields' own order, as a single collective's digest takes them: the same code
+        # builds them on every rank)
+        "members": tuple(tuple(p.fields.items()) for p in plans),
     }
     first = plans[0]
     group = Plan(fields, first.process_set_id, first.comm, first.ranks, error,
