@@ -39,6 +39,17 @@ __all__ = ["TorchTransport"]
 # Average combines as a Sum: horovodlite.ops.combined_as).
 _OPS = {op: getattr(dist.ReduceOp, op.name) for op in NATIVE_OPS}
 
+
+def _allreduce_options(op) -> dist.AllreduceOptions:
+    options = dist.AllreduceOptions()
+    options.reduceOp = _OPS[op]
+    return options
+
+
+# Made once per op: torch reads them during the call (its work copies the op), and making one
+# costs 0.6 µs, a tenth of a small all-reduce's own Python.
+_ALLREDUCE_OPTIONS = {op: _allreduce_options(op) for op in NATIVE_OPS}
+
 # What Gloo and NCCL both reduce: the supported dtypes less those Gloo cannot (16-bit integers,
 # unsigned ones wider than 8 bits) and bool, which goes to MPI, whose Sum is a logical or as
 # Horovod's. Data movement takes every dtype.
@@ -119,8 +130,7 @@ class TorchTransport(GroupTransport):
         return torch.from_dlpack(buf)
 
     def reduce_all(self, group, buf, op) -> None:
-        options = dist.AllreduceOptions()
-        options.reduceOp = _OPS[op]
+        options = _ALLREDUCE_OPTIONS[op]
         self._run(group, lambda: group.backend.allreduce([self._tensor(buf)], options))
 
     def reduce_scatter(self, group, buf, out, op) -> None:
