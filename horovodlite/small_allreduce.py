@@ -35,9 +35,15 @@ from .plan import waiter
 from .process_sets import global_process_set
 from .staging import deliver, scale
 from .state import current
-from .transport import select
+from .transport import ON_DEVICE, select
 
-__all__ = ["travels_inline", "inline_allreduce", "short_allreduce"]
+__all__ = [
+    "travels_inline",
+    "inline_allreduce",
+    "short_allreduce",
+    "TensorKind",
+    "tensor_allreduce",
+]
 
 # Bound once: reading an Enum's class attribute costs a noticeable part of this path's budget
 # (docs/benchmarks.md, "Figures behind the code's constants").
@@ -129,28 +135,20 @@ _OPTIONS = frozenset(
 )
 
 
-def short_allreduce(tensor, options: dict):
-    """All-reduce a contiguous array on all ranks; return None to go the general way.
-
-    `options` are allreduce()'s keyword arguments. Scaling, `average=`, a process set or any
-    argument error go the general way, which checks and reports them, as does a host array past
-    SMALL_MESSAGE_BYTES that MPI moves (MPI's own all-reduce is not the algorithm chosen there).
-    """
+def _plain(options: dict):
+    """Return (op, name, requested algorithm, inplace, state) where `options` may take a short
+    way, else None: scaling, `average=`, a process set, Adasum, an algorithm other than MPI's or
+    an unknown argument go the general way, which checks and reports them."""
     get = options.get
-    inplace = get("inplace", False)
-    xp = _module_of(tensor)
     if (
-        xp is None
-        or not tensor.flags.c_contiguous
-        or (inplace and not getattr(tensor.flags, "writeable", True))  # (CuPy's always are)
-        or get("process_set", global_process_set) is not global_process_set
+        get("process_set", global_process_set) is not global_process_set
         or get("prescale_factor", 1.0) != 1.0
         or get("postscale_factor", 1.0) != 1.0
         or get("average") is not None
         or not _OPTIONS.issuperset(options)
     ):
         return None
-    op, name, algorithm = get("op"), get("name"), get("algorithm")
+    op, algorithm = get("op"), get("algorithm")
     state = current()
     requested = state.settings.allreduce_algorithm if algorithm is None else algorithm
     if requested not in (None, "mpi"):
@@ -158,6 +156,25 @@ def short_allreduce(tensor, options: dict):
     if op is None:
         op = _AVERAGE
     elif type(op) is not ReduceOp or op is _ADASUM:
+        return None
+    return op, get("name"), requested, get("inplace", False), state
+
+
+def short_allreduce(tensor, options: dict):
+    """All-reduce a contiguous array on all ranks; return None to go the general way.
+
+    `options` are allreduce()'s keyword arguments (`_plain` says which go the general way), as
+    does a host array past SMALL_MESSAGE_BYTES that MPI moves (MPI's own all-reduce is not the
+    algorithm chosen there).
+    """
+    xp = _module_of(tensor)
+    if xp is None or not tensor.flags.c_contiguous:
+        return None
+    plain = _plain(options)
+    if plain is None:
+        return None
+    op, name, requested, inplace, state = plain
+    if inplace and not getattr(tensor.flags, "writeable", True):  # (CuPy's always are)
         return None
     comm = state.comm
     key = (name, xp, tensor.dtype, tensor.shape, op, requested, state)
@@ -194,6 +211,119 @@ def short_allreduce(tensor, options: dict):
         comm.Allreduce(send, [out, mpi_type], MPI_OPS[combined_as(op)])
     scale(xp, out, result_factor(op, 1.0, comm.size))
     return out
+
+
+class TensorKind:
+    """What the short way needs to know of a framework's tensors to move them as they are.
+
+    A binding whose transport moves its tensors without a numpy or CuPy view (torch's
+    torch.distributed groups) passes one to `tensor_allreduce`; the methods are the framework's.
+    """
+
+    def describe(self, tensor):
+        """Return (numpy dtype, shape tuple, whether on the host) of `tensor`, or None for a
+        dtype that only the general way takes."""
+        raise NotImplementedError
+
+    def contiguous(self, tensor) -> bool:
+        raise NotImplementedError
+
+    def carried_by(self, transport) -> bool:
+        """Return whether `transport` moves these tensors as they are."""
+        raise NotImplementedError
+
+    def empty_like(self, tensor):
+        raise NotImplementedError
+
+    def flat(self, tensor):
+        """Return a 1-D view of a contiguous tensor."""
+        raise NotImplementedError
+
+    def scale(self, tensor, factor: float) -> None:
+        """Multiply a float tensor by `factor` in place."""
+        raise NotImplementedError
+
+    def to_core(self, tensor):
+        """Return `tensor` as a numpy or CuPy array (its memory, for the general way)."""
+        raise NotImplementedError
+
+    def from_core(self, array, tensor, inplace: bool):
+        """Return the general way's result `array` as the result for `tensor`."""
+        raise NotImplementedError
+
+
+# What tensor_allreduce scales itself (in the tensor's own precision, as scale() does).
+_SCALED_AS_IS = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
+
+# (name, kind, dtype, shape, device, op, algorithm, state) -> (digest, transport, wait, xp)
+_tensor_routes: dict = {}
+
+
+def tensor_allreduce(tensor, kind: TensorKind, options: dict):
+    """All-reduce a framework's `tensor` as it is, on the global set; return None to go the way
+    of numpy and CuPy arrays.
+
+    The same check as every other way (the digest of the same fields) and the same transport
+    call as `short_allreduce`'s, on the tensor itself: no view of it, and no DLPack round trip,
+    where its transport moves such tensors (torch's gloo and NCCL). Scaling beyond Average on
+    float32 and float64, and what `_plain` refuses, go the other way.
+    """
+    plain = _plain(options)
+    if plain is None:
+        return None
+    op, name, requested, inplace, state = plain
+    key = (name, kind, tensor.dtype, tensor.shape, tensor.device, op, requested, state)
+    route = _tensor_routes.get(key)
+    if route is None:
+        if len(_tensor_routes) > 4096:
+            _tensor_routes.clear()
+        route = _tensor_routes[key] = _tensor_route(tensor, kind, op, name, requested, state)
+    if route is None or not kind.contiguous(tensor):
+        return None
+    own, transport, wait, xp = route
+    comm = state.comm
+    if state.settings.check_metadata and not same_everywhere(comm, own, wait):
+        dtype, shape, on_host = kind.describe(tensor)
+        explain(comm, allreduce_fields(name, _Described(dtype, shape), op, 1.0, 1.0, requested,
+                                       on_host))  # fmt: skip
+        array = kind.to_core(tensor)
+        joined = _beside_joined(comm, array, _module_of(array), op, inplace, requested)
+        return kind.from_core(joined, tensor, inplace)
+    out = tensor if inplace else kind.empty_like(tensor)
+    source = None if inplace else kind.flat(tensor)
+    transport.allreduce(comm, kind.flat(out), combined_as(op), xp, transport.name, None, source)
+    factor = result_factor(op, 1.0, comm.size)
+    if factor != 1.0:
+        kind.scale(out, factor)
+    return out
+
+
+class _Described:
+    """The dtype and shape of a tensor, as array_fields reads them."""
+
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, dtype, shape):
+        self.dtype, self.shape = dtype, shape
+
+
+def _tensor_route(tensor, kind, op, name, requested, state):
+    """Return (digest, transport, wait, array module) for `tensor_allreduce`, or None where
+    its transport does not move such tensors or the kind cannot scale the result."""
+    described = kind.describe(tensor)
+    if described is None:
+        return None
+    dtype, shape, on_host = described
+    xp = np if on_host else ON_DEVICE
+    transport = select(state.settings, xp, op, dtype)
+    if not kind.carried_by(transport):
+        return None
+    if result_factor(op, 1.0, state.comm.size) != 1.0 and dtype not in _SCALED_AS_IS:
+        # Integers truncate, and half types round, as the general way's scale() does
+        return None
+    size = state.comm.size
+    fields = allreduce_fields(name, _Described(dtype, shape), op, 1.0, 1.0, requested, on_host)
+    return digest(fields), transport, waiter(state, fields, range(size)), xp
 
 
 def _module_of(tensor):

@@ -43,6 +43,7 @@ from .runtime import cuda_aware_mpi
 
 __all__ = [
     "NAMES",
+    "ON_DEVICE",
     "MPITransport",
     "available",
     "register",
@@ -180,7 +181,8 @@ class GroupTransport:
         return self.name
 
     def allreduce(self, comm, buf, op, xp, algorithm: str, finish=None, source=None) -> None:
-        if buf.size and comm.size > 1:
+        # (shape[0]: `buf` is flat, and may be a framework's tensor, whose size is a method)
+        if buf.shape[0] and comm.size > 1:
             if source is None:
                 self.reduce_all(self.group(comm), buf, op)
             else:
@@ -366,12 +368,12 @@ def describe_choice(settings) -> dict:
     return {
         "setting": settings.transport,
         "host": _choice(settings, np),
-        "gpu": _choice(settings, _ON_DEVICE),
+        "gpu": _choice(settings, ON_DEVICE),
         "available": [name for name in NAMES[1:] if available(name, settings)],
     }
 
 
-_ON_DEVICE = object()  # stands for a GPU array module in select(): anything but numpy
+ON_DEVICE = object()  # stands for a GPU array module in select(): anything but numpy
 
 
 def _choice(settings, xp) -> str:

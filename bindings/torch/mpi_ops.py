@@ -11,10 +11,11 @@ import numpy as np
 import horovodlite as core
 import torch
 from horovodlite.process_sets import global_process_set
+from horovodlite.small_allreduce import tensor_allreduce
 from horovodlite.training import collective_gradients, reduce_kwargs
 
 from .compression import Compression
-from .tensors import TensorView
+from .tensors import TORCH_TENSORS, TensorView
 
 __all__ = [
     "allreduce",
@@ -121,6 +122,14 @@ def _allreduce_async(tensors: list, *, name, args: dict, inplace: bool, grouped:
 
 
 def _allreduce_now(tensor, *, name, args: dict, inplace: bool = False) -> torch.Tensor:
+    # On torch's gloo or NCCL the tensor itself travels (small_allreduce.tensor_allreduce)
+    data = tensor.detach() if tensor.requires_grad else tensor
+    out = tensor_allreduce(data, TORCH_TENSORS, {"name": name, "inplace": inplace, **args})
+    if out is not None:
+        if inplace:  # (its version moves on, as with torch's own in-place ops: write_back)
+            torch.autograd.graph.increment_version(tensor)
+            return tensor
+        return out
     view = TensorView(tensor)
     if inplace:
         return view.write_back(core.allreduce_(view.array, name=name, **args))

@@ -14,10 +14,11 @@ import ml_dtypes
 import numpy as np
 
 import torch
+from horovodlite.small_allreduce import TensorKind
 
-from . import transport  # noqa: F401  (registers the gloo and nccl transports)
+from .transport import TorchTransport  # (importing it registers the gloo and nccl transports)
 
-__all__ = ["TensorView"]
+__all__ = ["TORCH_TENSORS", "TensorView"]
 
 _CUPY = importlib.util.find_spec("cupy") is not None
 
@@ -34,9 +35,7 @@ class TensorView:
         detached = tensor.detach() if tensor.requires_grad else tensor
         self.staged = detached.is_cuda and (not _CUPY or detached.dtype == torch.bfloat16)
         if detached.is_cuda and not self.staged:
-            import cupy  # optional: only CUDA tensors need it, and _CUPY says it is there
-
-            self.array = cupy.from_dlpack(detached)
+            self.array = _cupy_view(detached)
         else:
             self.array = _numpy_view(detached.cpu() if self.staged else detached)
 
@@ -57,13 +56,99 @@ class TensorView:
             with torch.no_grad():
                 self.tensor.copy_(self.to_tensor(array).reshape(self.tensor.shape))
         else:
-            if self.tensor.is_cuda:
-                # NCCL's result is ordered on CuPy's null stream (transport._run); a caller on a
-                # side stream of its own would not wait for it without this.
+            if self.tensor.is_cuda and not _on_default_stream(self.tensor):
+                # NCCL's result is ordered on CuPy's null stream (transport._run), the default
+                # stream; a caller on a side stream of its own would not wait for it without this.
                 device = self.tensor.device
                 torch.cuda.current_stream(device).wait_stream(torch.cuda.default_stream(device))
             torch.autograd.graph.increment_version(self.tensor)
         return self.tensor
+
+
+# torch's dtypes as the core names them (numpy's, and ml_dtypes' bfloat16).
+_NUMPY_DTYPES = {
+    torch.bool: np.dtype(np.bool_),
+    torch.uint8: np.dtype(np.uint8),
+    torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16),
+    torch.int32: np.dtype(np.int32),
+    torch.int64: np.dtype(np.int64),
+    torch.float16: np.dtype(np.float16),
+    torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+}
+
+
+class _TorchTensors(TensorKind):
+    """Torch tensors as torch's gloo and NCCL groups move them: as they are (no view)."""
+
+    def describe(self, tensor):
+        dtype = _NUMPY_DTYPES.get(tensor.dtype)
+        return None if dtype is None else (dtype, tuple(tensor.shape), not tensor.is_cuda)
+
+    def contiguous(self, tensor) -> bool:
+        return tensor.is_contiguous()
+
+    def carried_by(self, transport) -> bool:
+        return isinstance(transport, TorchTransport)
+
+    def empty_like(self, tensor):
+        return torch.empty_like(tensor)
+
+    def flat(self, tensor):
+        return tensor.view(-1)
+
+    def scale(self, tensor, factor: float) -> None:
+        tensor.mul_(factor)
+
+    def to_core(self, tensor):
+        return TensorView(tensor).array
+
+    def from_core(self, array, tensor, inplace: bool):
+        view = TensorView(tensor)
+        return view.write_back(array) if inplace else view.to_tensor(array)
+
+
+TORCH_TENSORS = _TorchTensors()
+
+
+def _cupy_view(tensor: torch.Tensor):
+    """Return a CuPy array over a CUDA tensor's memory, ordered after the work queued on it.
+
+    Where torch and CuPy both use the default stream (the common case, and the engine's), the
+    array is made from the tensor's address: the stream orders everything, and that costs a few
+    microseconds where DLPack's exchange costs tens (torch's Python side looks the streams up
+    and compares them). Otherwise DLPack orders CuPy's stream after torch's with an event.
+    """
+    import cupy  # optional: only CUDA tensors need it, and _CUPY says it is there
+
+    dtype = _NUMPY_DTYPES.get(tensor.dtype)
+    if not (
+        dtype is not None
+        and tensor.numel()
+        and tensor.is_contiguous()
+        and _on_default_stream(tensor)
+        and cupy.cuda.get_current_stream().ptr == 0
+    ):
+        return cupy.from_dlpack(tensor)
+    nbytes = tensor.numel() * dtype.itemsize
+    memory = cupy.cuda.UnownedMemory(tensor.data_ptr(), nbytes, tensor, tensor.get_device())
+    return cupy.ndarray(tuple(tensor.shape), dtype, cupy.cuda.MemoryPointer(memory, 0))
+
+
+# (device index) -> (stream id, device index, device type), what torch.cuda's current_stream()
+# and default_stream() wrap in Python that costs several microseconds a call.
+_current_stream = getattr(torch._C, "_cuda_getCurrentStream", None)
+_default_stream = getattr(torch._C, "_cuda_getDefaultStream", None)
+
+
+def _on_default_stream(tensor: torch.Tensor) -> bool:
+    """Return whether torch's current stream on `tensor`'s GPU is its default stream."""
+    index = tensor.get_device()
+    if _current_stream is None or _default_stream is None:
+        return torch.cuda.current_stream(index) == torch.cuda.default_stream(index)
+    return _current_stream(index)[0] == _default_stream(index)[0]
 
 
 def _shares(a, b) -> bool:

@@ -96,18 +96,19 @@ class TorchTransport(GroupTransport):
         options._devices = [device]
         return _Group(dist.ProcessGroupGloo(store, comm.rank, comm.size, options), store)
 
-    def _run(self, group: _Group, start, host_waits: bool = False) -> None:
+    def _run(self, group: _Group, start, host_waits: bool = False, tensors: bool = False) -> None:
         """Run the torch collective `start()` (it returns a Work) and wait for it.
 
-        Gloo: the host waits. NCCL: nothing waits on the host. The collective runs with CuPy's
-        current stream as torch's current one, so NCCL's stream starts after the work queued on
-        it (the copies into the fusion buffer), and `wait()` makes that stream wait for NCCL's:
-        whatever reads the result next on it (or on a stream that DLPack orders after it) sees
-        it, as Horovod's and DDP's NCCL streams are ordered by CUDA events. `host_waits` is for
-        the barrier, whose meaning is the host's.
+        Gloo: the host waits. NCCL: nothing waits on the host. NCCL's stream starts after the
+        work queued on torch's current stream, and `wait()` makes that stream wait for NCCL's,
+        as Horovod's and DDP's NCCL streams are ordered by CUDA events: whatever reads the
+        result next on it sees it. For CuPy buffers (`tensors` False) torch's current stream is
+        CuPy's for the call, the stream that queued the copies into the fusion buffer and reads
+        the result (or that DLPack orders after it); torch's own tensors (`tensors`) stay on the
+        caller's stream. `host_waits` is for the barrier, whose meaning is the host's.
         """
         try:
-            if group.device is None:
+            if group.device is None or tensors:
                 start().wait()
                 return
             with torch.cuda.stream(_cupy_stream(group.device)):
@@ -122,7 +123,10 @@ class TorchTransport(GroupTransport):
 
     @staticmethod
     def _tensor(buf) -> torch.Tensor:
-        """View `buf` as a tensor: a numpy array, or a CuPy one (inside `_run`, on its stream)."""
+        """View `buf` as a tensor: a numpy array, or a CuPy one (inside `_run`, on its stream);
+        a tensor is itself (small_allreduce.tensor_allreduce hands torch's on as they are)."""
+        if isinstance(buf, torch.Tensor):
+            return buf
         if isinstance(buf, np.ndarray):
             if buf.dtype == ml_dtypes.bfloat16:
                 return torch.from_numpy(buf.view(np.int16)).view(torch.bfloat16)
@@ -131,7 +135,9 @@ class TorchTransport(GroupTransport):
 
     def reduce_all(self, group, buf, op) -> None:
         options = _ALLREDUCE_OPTIONS[op]
-        self._run(group, lambda: group.backend.allreduce([self._tensor(buf)], options))
+        tensors = isinstance(buf, torch.Tensor)
+        self._run(group, lambda: group.backend.allreduce([self._tensor(buf)], options),
+                  tensors=tensors)  # fmt: skip
 
     def reduce_scatter(self, group, buf, out, op) -> None:
         options = dist.ReduceScatterOptions()

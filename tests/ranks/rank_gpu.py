@@ -346,6 +346,29 @@ def test_distributed_optimizer_on_gpu_equals_one_process(route):
 
 
 @needs_torch_cuda
+def test_torch_cuda_on_a_side_stream(route):
+    # Inputs made on a side stream behind a slow kernel, results read on it: the all-reduces
+    # (the tensor itself on NCCL, a view of it elsewhere, the engine's) must order themselves
+    # after that work and before the reads, with no host wait on the caller's side.
+    n, r = hvd.size(), hvd.rank()
+    total = n * (n - 1) / 2
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        slow = torch.ones(2048, 2048, device="cuda")
+        for _ in range(8):
+            slow = slow @ slow / 2048  # stays ones, and keeps the stream busy
+        x = slow[0, :1000] * r  # ready only once the products are done
+        out = hvd_torch.allreduce(x, op=hvd.Sum, name="side.out")
+        y = x.clone()
+        hvd_torch.allreduce_(y, op=hvd.Sum, name="side.in")
+        z = x.clone()
+        hvd_torch.synchronize(hvd_torch.allreduce_async_(z, op=hvd.Sum, name="side.async"))
+        got = [t.cpu().numpy() for t in (out, y, z)]  # read on the side stream
+    for name, value in zip(("allreduce", "allreduce_", "allreduce_async_"), got):
+        np.testing.assert_array_equal(value, np.full(1000, total, np.float32), err_msg=name)
+
+
+@needs_torch_cuda
 def test_torch_cuda_mismatch_fails_on_every_rank(route):
     n, r = hvd.size(), hvd.rank()
     if n == 1:

@@ -205,3 +205,83 @@ def test_timeline_names_the_transport(tmp_path_factory):
         with open(path) as trace:
             phases = {event["name"] for event in json.load(trace)}
         assert "ALLREDUCE_GLOO" in phases, sorted(phases)
+
+
+# -- torch tensors as they are (small_allreduce.tensor_allreduce) -----------------------------
+
+
+@pytest.fixture()
+def no_views(monkeypatch):
+    """Make any numpy view of a torch tensor in the torch binding's all-reduce fail the test."""
+    from horovodlite.torch import mpi_ops
+
+    def refuse(tensor):
+        raise AssertionError("the tensor was viewed as a core array")
+
+    monkeypatch.setattr(mpi_ops, "TensorView", refuse)
+
+
+@pytest.mark.parametrize(
+    "dtype, op",
+    [("float32", hvd.Average), ("float64", hvd.Sum), ("int64", hvd.Sum), ("int32", hvd.Max),
+     ("float32", hvd.Min), ("float64", hvd.Product)],
+)  # fmt: skip
+def test_torch_tensors_travel_as_they_are(no_views, dtype, op):
+    # Gloo takes the tensor itself: no view, no copy, the same lines NCCL runs on a GPU.
+    r = hvd.rank()
+    base = rank_values((3, 5), dtype, r, seed=71)
+    expected = reduce_expected(everyone(base), op)
+    for _ in range(2):  # the second call takes the kept route
+        x = torch.from_numpy(base.copy())
+        out = hvd.torch.allreduce(x, op=op, name=f"torch.as_is.{dtype}")
+        assert type(out) is torch.Tensor and out.data_ptr() != x.data_ptr()
+        assert_reduced(out.numpy(), expected, op)
+        np.testing.assert_array_equal(x.numpy(), base)  # the input is untouched
+        version = x._version
+        assert hvd.torch.allreduce_(x, op=op, name=f"torch.as_is_.{dtype}") is x
+        assert x._version > version  # as torch's own in-place ops: autograd sees the change
+        assert_reduced(x.numpy(), expected, op)
+    assert moved_by_gloo(current().comm)
+
+
+def test_torch_tensors_meet_core_arrays_of_other_ranks():
+    # Ranks whose tensor is strided, or an integer Average (which truncates), go the way of core
+    # arrays; they meet the ranks whose tensors travel as they are in one check and one call.
+    r = hvd.rank()
+    base = rank_values((4, 6), np.float32, r, seed=72)
+    x = torch.from_numpy(base.copy())
+    if r % 2:
+        x = x.t().contiguous().t()  # the same values, strided
+    expected = reduce_expected(everyone(base), hvd.Average)
+    assert_reduced(hvd.torch.allreduce(x, name="torch.mixed").numpy(), expected, hvd.Average)
+    ints = rank_values((7,), np.int64, r, seed=73)
+    out = hvd.torch.allreduce(torch.from_numpy(ints), name="torch.int_average")
+    np.testing.assert_array_equal(out.numpy(), reduce_expected(everyone(ints), hvd.Average))
+
+
+def test_torch_tensor_mismatch_fails_on_every_rank(no_views):
+    if hvd.size() < 2:
+        pytest.skip("a mismatch needs two ranks")
+    r = hvd.rank()
+    x = torch.ones(4 if r == 1 else 3)
+    with pytest.raises(hvd.HorovodLiteError, match="allreduce 'torch.mismatch': rank") as error:
+        hvd.torch.allreduce(x, name="torch.mismatch")
+    assert "rank 1 sent" in str(error.value) and "(3,)" in str(error.value)
+    assert hvd.torch.allreduce(torch.ones(2), op=hvd.Sum)[0] == hvd.size()  # still in step
+
+
+def test_torch_tensors_beside_a_joined_rank():
+    n, me = hvd.size(), hvd.rank()
+    if n < 2:
+        pytest.skip("a joined rank beside others needs two ranks")
+    if me == 0:
+        last = hvd.join()
+    else:
+        x = torch.full((5,), float(me))
+        out = hvd.torch.allreduce(x, op=hvd.Sum, name="torch.joined")  # rank 0 adds zeros
+        np.testing.assert_array_equal(out.numpy(), np.full(5, n * (n - 1) / 2))
+        y = torch.full((2,), float(me))
+        assert hvd.torch.allreduce_(y, op=hvd.Sum, name="torch.joined_") is y
+        np.testing.assert_array_equal(y.numpy(), np.full(2, n * (n - 1) / 2))
+        last = hvd.join()
+    assert hvd.allgather_object(last) == [last] * n
