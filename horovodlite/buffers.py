@@ -6,6 +6,8 @@ arrays, so reductions on them run on the GPU (staging.py moves them through host
 MPI library is not CUDA-aware).
 """
 
+import sys
+
 import ml_dtypes
 import numpy as np
 from mpi4py import MPI
@@ -77,6 +79,12 @@ def native_mpi_type(dtype: np.dtype):
     return _NATIVE_MPI_TYPE.get(dtype)
 
 
+def _is_cupy_array(obj) -> bool:
+    # (asked first: a CuPy array's __cuda_array_interface__ is a dict built on each read)
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and type(obj) is cupy.ndarray
+
+
 def _is_gpu_object(obj) -> bool:
     if hasattr(obj, "__cuda_array_interface__"):
         return True
@@ -90,7 +98,7 @@ def as_array(obj):
     Raises:
         TypeError: `obj` is not an array, or its dtype is not supported.
     """
-    if isinstance(obj, np.ndarray):
+    if isinstance(obj, np.ndarray) or _is_cupy_array(obj):
         array = obj
     elif _is_gpu_object(obj):
         import cupy  # only GPU users need CuPy

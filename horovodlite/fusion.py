@@ -37,7 +37,7 @@ from .algorithms.pieces import Pieces
 from .algorithms.scratch import scratch
 from .buffers import DTYPES_BY_NAME, device_module, synchronize_device
 from .ops import ReduceOp, combined_as, result_factor
-from .staging import copy_in, deliver, host_scratch, scale, staged
+from .staging import copy_in, deliver, deliver_together, host_scratch, scale, staged
 from .state import current
 from .transport import select
 
@@ -260,6 +260,11 @@ def _results(entries: list, layout: Layout, module, factor: float, span) -> list
         ]
     results = []
     with span("MEMCPY_OUT_FUSION_BUFFER"):
+        if module is not np and _delivered_together(entries, layout, module, factor):
+            return [
+                entry.array if back or part is None else part.reshape(entry.array.shape)
+                for entry, part, back in zip(entries, layout.results, layout.copy_back)
+            ]
         for entry, part, back in zip(entries, layout.results, layout.copy_back):
             if part is None:
                 results.append(entry.array)
@@ -268,6 +273,17 @@ def _results(entries: list, layout: Layout, module, factor: float, span) -> list
             else:
                 results.append(deliver(part, entry.array, entry.xp, entry.inplace, factor=factor))
     return results
+
+
+def _delivered_together(entries: list, layout: Layout, module, factor: float) -> bool:
+    """Copy a GPU batch's results back into their in-place arrays in one launch, if it can
+    (staging.deliver_together); a single array takes the one copy deliver() makes."""
+    pairs = [
+        (part, entry.array)
+        for entry, part, back in zip(entries, layout.results, layout.copy_back)
+        if back
+    ]
+    return len(pairs) > 1 and deliver_together(pairs, module, factor)
 
 
 def _piece_groups(entries: list) -> list:

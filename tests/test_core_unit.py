@@ -351,6 +351,77 @@ def test_one_in_place_array_on_a_device_is_reduced_where_it_lies():
     assert not layout.copied and layout.results == [None] and layout.copy_back == [False]
 
 
+class _OnDevice(np.ndarray):
+    """A host array that answers `.data.ptr` as a CuPy array does (its address)."""
+
+    @property
+    def data(self):
+        import types
+
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
+
+class _Kernel:
+    """Runs copy_back's arithmetic on the host, from the table the caller built, as the GPU
+    would: part y of the grid copies table[y] to table[n + y], table[2n + y] elements."""
+
+    TYPES = {"float": np.float32, "double": np.float64, "unsigned char": np.uint8,
+             "unsigned short": np.uint16, "unsigned int": np.uint32,
+             "unsigned long long": np.uint64}  # fmt: skip
+
+    def __init__(self, source: str, name: str):
+        assert name == "copy_back" and "__global__ void copy_back" in source
+        self.type = np.dtype(self.TYPES[source.split("typedef ")[1].split(" T;")[0]])
+        self.launches = 0
+
+    def __call__(self, grid, block, args):
+        import ctypes
+
+        table, n, factor, scaled = args
+        assert grid[1] == n and grid[0] >= 1 and block == (256,) and factor.dtype == self.type
+        for y in range(n):
+            width = int(table[2 * n + y]) * self.type.itemsize
+            source, target = (
+                np.frombuffer((ctypes.c_char * width).from_address(int(address)), self.type)
+                for address in (table[y], table[n + y])
+            )
+            target[:] = source * factor if scaled else source
+        self.launches += 1
+
+
+def test_a_gpu_batch_comes_back_in_one_launch(monkeypatch):
+    import types
+
+    from horovodlite import staging
+
+    kernels = []
+    device = types.SimpleNamespace(
+        RawKernel=lambda source, name: kernels.append(_Kernel(source, name)) or kernels[-1],
+        asarray=np.array,
+    )
+    monkeypatch.setattr(staging, "_kernels", {})
+    buffer = np.arange(1.0, 10.0, dtype=np.float32).view(_OnDevice)
+    arrays = [np.zeros(s, np.float32).view(_OnDevice) for s in ((2, 2), (0,), (5,))]
+    parts = [buffer[:4], buffer[4:4], buffer[4:9]]
+    assert staging.deliver_together(list(zip(parts, arrays)), device, 0.5)
+    assert arrays[0].tolist() == [[0.5, 1.0], [1.5, 2.0]] and arrays[2][-1] == 4.5
+    assert len(kernels) == 1 and kernels[0].launches == 1
+    # Plain copies take any dtype as bits; the kernel is made once per element type.
+    halves = [np.zeros(3, np.float16).view(_OnDevice) for _ in range(2)]
+    source = np.arange(6, dtype=np.float16).view(_OnDevice)
+    assert staging.deliver_together([(source[:3], halves[0]), (source[3:], halves[1])], device)
+    assert halves[1].tolist() == [3.0, 4.0, 5.0] and len(kernels) == 2
+    # What one copy each (deliver) must do instead: a strided array, a factor on float16
+    # (scale() rounds those its own way) or on integers (which truncate).
+    strided = np.zeros((2, 4), np.float32).view(_OnDevice)[:, ::2]
+    assert not staging.deliver_together([(parts[0], strided), (parts[2], arrays[2])], device)
+    pair = [(source[:3], halves[0])] * 2
+    assert not staging.deliver_together(pair, device, 0.5)
+    ints = np.zeros(3, np.int32).view(_OnDevice)
+    assert not staging.deliver_together([(ints, ints)] * 2, device, 0.5)
+    assert kernels[1].launches == 1  # nothing ran for those
+
+
 def test_layout_of_a_batch_decides_each_array_once():
     from horovodlite.fusion import lay_out
 
