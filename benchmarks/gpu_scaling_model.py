@@ -41,6 +41,14 @@ ENGINE_REQUEST_US = (HVD_FUSED_161_MS - HVD_ONE_BUFFER_MS) * 1e3 / GRADIENTS
 NCCL_CALL_US = NCCL_ASYNC_161_MS * 1e3 / GRADIENTS
 TARGET_REQUEST_US = NCCL_CALL_US
 
+# --- Measured on one H200, 2026-11-27, horovodlite bdef7d9 (stop 47; docs/gpu.md) --------------
+# benchmarks/results/gpu_h200_2026-11-27/run3_bdef7d9/fused.log, second pass: the same 161
+# gradients fused 5.85 ms, one buffer 0.02 ms (506b043 beside it on that machine: 12.01 and 0.05,
+# 74.3 us a request, so its host is faster than the H100's: a lower bound on the H100's cost).
+NOW_FUSED_161_MS = 5.85
+NOW_ONE_BUFFER_MS = 0.02
+ENGINE_REQUEST_NOW_US = (NOW_FUSED_161_MS - NOW_ONE_BUFFER_MS) * 1e3 / GRADIENTS
+
 # --- Published --------------------------------------------------------------------------------
 # nccl-tests all_reduce_perf bus bandwidth (doc/PERFORMANCE.md defines busbw = algbw 2(n-1)/n):
 # about 480 GB/s on 8 H100 SXM on NVSwitch (NVLink 4: 450 GB/s per GPU each way), and 46-48
@@ -75,6 +83,7 @@ class Inputs:
     """Every cost the model uses, in microseconds, GB/s and bytes; vary one to see what it moves."""
 
     engine_request_us: float = ENGINE_REQUEST_US
+    engine_request_now_us: float = ENGINE_REQUEST_NOW_US
     target_request_us: float = TARGET_REQUEST_US
     nccl_call_us: float = NCCL_CALL_US
     device_copy_gbps: float = DEVICE_COPY_GBPS
@@ -386,6 +395,12 @@ def hvd_as_measured(timeline, cluster, inputs):
     return horovodlite_end(timeline, cluster, inputs, inputs.engine_request_us, True)
 
 
+def hvd_now(timeline, cluster, inputs):
+    """horovodlite at bdef7d9: its cost per request as measured on the H200; NCCL and the copies
+    queue on streams, so the host does not wait for a buffer (torch transport's _run)."""
+    return horovodlite_end(timeline, cluster, inputs, inputs.engine_request_now_us, False)
+
+
 def hvd_target(timeline, cluster, inputs):
     """The same at issue #38's target: a request costs what torch's NCCL call costs."""
     return horovodlite_end(timeline, cluster, inputs, inputs.target_request_us, True)
@@ -400,6 +415,7 @@ CONTENDERS = {
     "lower bound (bandwidth only)": lower_bound_end,
     "DDP (25 MiB buckets)": ddp_end,
     "horovodlite 5fa6a9c (as measured)": hvd_as_measured,
+    "horovodlite bdef7d9 (as measured, H200)": hvd_now,
     "horovodlite, issue #38 target cost": hvd_target,
     "target cost, host never waits": hvd_target_stream,
 }
@@ -522,6 +538,9 @@ def main(argv=None) -> int:
                 "hvd_one_buffer_ms": HVD_ONE_BUFFER_MS,
                 "nccl_async_161_ms": NCCL_ASYNC_161_MS,
                 "device_copy_gbps": DEVICE_COPY_GBPS,
+                "now": "2026-11-27, one H200, horovodlite bdef7d9",
+                "now_fused_161_ms": NOW_FUSED_161_MS,
+                "now_one_buffer_ms": NOW_ONE_BUFFER_MS,
             },
             "inputs": dataclasses.asdict(inputs),
             "workloads": {

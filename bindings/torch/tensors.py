@@ -1,11 +1,15 @@
 """Torch tensors as core arrays and back: zero-copy numpy views on the CPU, CuPy on the GPU.
 
 The core works on numpy and CuPy arrays. A CPU tensor is viewed as numpy without copying
-(bfloat16 through ml_dtypes); a CUDA tensor is viewed as CuPy through DLPack, which orders
+(bfloat16 through ml_dtypes); a CUDA tensor as CuPy: by its address where torch and CuPy both
+run on the default stream, which then orders everything, else through DLPack, which orders
 CuPy's current stream after torch's with an event instead of waiting on the host (the CUDA array
 interface makes CuPy synchronize torch's stream from the host, stalling the backward pass that
 submits the gradient). Where CuPy is missing, or cannot hold the dtype (bfloat16), CUDA tensors
 are staged through host memory.
+
+Where torch's own gloo or NCCL groups move a tensor, the short all-reduce takes it without any
+view (`TORCH_TENSORS`, small_allreduce.tensor_allreduce).
 """
 
 import importlib.util
