@@ -14,6 +14,10 @@ more than MPICH's whole all-reduce (docs/benchmarks.md). Two things keep it chea
   another transport moves the array (gloo for host arrays where HOROVODLITE_TRANSPORT names it,
   NCCL for GPU arrays), at any size, reading the input apart from the new result. The CPU twin
   (gloo) runs the very lines a GPU array on NCCL runs (docs/gpu.md).
+- **A framework's tensor as it is.** `tensor_allreduce` is the short path for a tensor that its
+  transport moves without a numpy or CuPy view (torch's on torch's gloo and NCCL groups), told
+  how to handle it by the binding's `TensorKind`: the same check, then the same transport call
+  on the tensor itself.
 
 Whether an all-reduce travels inline depends only on what the digest covers and on the group
 size (`travels_inline`, the one rule for both paths), so ranks that agree always take the same
@@ -255,8 +259,10 @@ class TensorKind:
 # What tensor_allreduce scales itself (in the tensor's own precision, as scale() does).
 _SCALED_AS_IS = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
 
-# (name, kind, dtype, shape, device, op, algorithm, state) -> (digest, transport, wait, xp)
+# (name, kind, dtype, shape, device, op, algorithm, state) -> (digest, transport, wait, xp), or
+# _NO_ROUTE where such tensors take the general way (torch's on MPI, the default on the host)
 _tensor_routes: dict = {}
+_NO_ROUTE = ()
 
 
 def tensor_allreduce(tensor, kind: TensorKind, options: dict):
@@ -277,8 +283,9 @@ def tensor_allreduce(tensor, kind: TensorKind, options: dict):
     if route is None:
         if len(_tensor_routes) > 4096:
             _tensor_routes.clear()
-        route = _tensor_routes[key] = _tensor_route(tensor, kind, op, name, requested, state)
-    if route is None or not kind.contiguous(tensor):
+        route = _tensor_route(tensor, kind, op, name, requested, state) or _NO_ROUTE
+        _tensor_routes[key] = route
+    if route is _NO_ROUTE or not kind.contiguous(tensor):
         return None
     own, transport, wait, xp = route
     comm = state.comm
