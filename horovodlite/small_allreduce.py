@@ -103,9 +103,31 @@ def _beside_joined(comm, array, xp, op, inplace: bool, requested):
     return fused_allreduce(comm, [entry])[0]
 
 
-# (name, array type, dtype, shape, op, algorithm, state) -> (digest, MPI type, transport, inline,
-# wait)
-_short_routes: dict = {}
+class _Kept:
+    """What the short ways keep between calls, for one Settings object (a route follows from
+    the transport the settings choose, so other settings start afresh, as select()'s choices).
+
+    short: (name, array type, dtype, shape, op, algorithm, state) -> (digest, MPI type,
+        transport, inline, wait)
+    tensor: (name, kind, dtype, shape, device, op, algorithm, state) -> (digest, transport, wait,
+        array module), or _NO_ROUTE where such tensors take the general way
+    taken: (kind, device) -> whether a transport here moves such tensors as they are
+    """
+
+    __slots__ = ("settings", "short", "tensor", "taken")
+
+    def __init__(self, settings):
+        self.settings, self.short, self.tensor, self.taken = settings, {}, {}, {}
+
+
+_kept = _Kept(None)
+
+
+def _renew(settings) -> _Kept:
+    global _kept
+    _kept = _Kept(settings)
+    return _kept
+
 
 
 def _short_route(tensor, xp, op, name, requested, state):
@@ -140,9 +162,9 @@ _OPTIONS = frozenset(
 
 
 def _plain(options: dict):
-    """Return (op, name, requested algorithm, inplace, state) where `options` may take a short
-    way, else None: scaling, `average=`, a process set, Adasum, an algorithm other than MPI's or
-    an unknown argument go the general way, which checks and reports them."""
+    """Return (op, requested algorithm, state) where allreduce()'s keyword arguments `options`
+    may take a short way, else None: scaling, `average=`, a process set, Adasum, an algorithm
+    other than MPI's or an unknown argument go the general way, which checks and reports them."""
     get = options.get
     if (
         get("process_set", global_process_set) is not global_process_set
@@ -161,7 +183,7 @@ def _plain(options: dict):
         op = _AVERAGE
     elif type(op) is not ReduceOp or op is _ADASUM:
         return None
-    return op, get("name"), requested, get("inplace", False), state
+    return op, requested, state
 
 
 def short_allreduce(tensor, options: dict):
@@ -177,16 +199,21 @@ def short_allreduce(tensor, options: dict):
     plain = _plain(options)
     if plain is None:
         return None
-    op, name, requested, inplace, state = plain
+    op, requested, state = plain
+    name, inplace = options.get("name"), options.get("inplace", False)
     if inplace and not getattr(tensor.flags, "writeable", True):  # (CuPy's always are)
         return None
     comm = state.comm
+    kept = _kept
+    if kept.settings is not state.settings:
+        kept = _renew(state.settings)
+    routes = kept.short
     key = (name, xp, tensor.dtype, tensor.shape, op, requested, state)
-    route = _short_routes.get(key)
+    route = routes.get(key)
     if route is None:
-        if len(_short_routes) > 4096:  # names that change every step, or many init()s
-            _short_routes.clear()
-        route = _short_routes[key] = _short_route(tensor, xp, op, name, requested, state)
+        if len(routes) > 4096:  # names that change every step, or many init()s
+            routes.clear()
+        route = routes[key] = _short_route(tensor, xp, op, name, requested, state)
     own, mpi_type, transport, inline, wait = route
     if transport is None and (mpi_type is None or tensor.nbytes > algorithms.SMALL_MESSAGE_BYTES):
         return None
@@ -259,32 +286,40 @@ class TensorKind:
 # What tensor_allreduce scales itself (in the tensor's own precision, as scale() does).
 _SCALED_AS_IS = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
 
-# (name, kind, dtype, shape, device, op, algorithm, state) -> (digest, transport, wait, xp), or
-# _NO_ROUTE where such tensors take the general way (torch's on MPI, the default on the host)
-_tensor_routes: dict = {}
 _NO_ROUTE = ()
 
 
-def tensor_allreduce(tensor, kind: TensorKind, options: dict):
+def tensor_allreduce(tensor, kind: TensorKind, name, inplace: bool, options: dict):
     """All-reduce a framework's `tensor` as it is, on the global set; return None to go the way
-    of numpy and CuPy arrays.
+    of numpy and CuPy arrays. `options` are allreduce()'s other keyword arguments.
 
     The same check as every other way (the digest of the same fields) and the same transport
     call as `short_allreduce`'s, on the tensor itself: no view of it, and no DLPack round trip,
     where its transport moves such tensors (torch's gloo and NCCL). Scaling beyond Average on
     float32 and float64, and what `_plain` refuses, go the other way.
     """
+    settings, device = current().settings, tensor.device
+    kept = _kept
+    if kept.settings is not settings:
+        kept = _renew(settings)
+    # First whether any transport here takes such tensors: most tensors never go this way
+    # (torch's host tensors go to MPI unless HOROVODLITE_TRANSPORT=gloo) and pay no more.
+    taken = kept.taken.get((kind, device))
+    if taken is None:
+        taken = kept.taken[kind, device] = _ever_taken(tensor, kind, settings)
+    if not taken:
+        return None
     plain = _plain(options)
     if plain is None:
         return None
-    op, name, requested, inplace, state = plain
-    key = (name, kind, tensor.dtype, tensor.shape, tensor.device, op, requested, state)
-    route = _tensor_routes.get(key)
+    op, requested, state = plain
+    routes = kept.tensor
+    key = (name, kind, tensor.dtype, tensor.shape, device, op, requested, state)
+    route = routes.get(key)
     if route is None:
-        if len(_tensor_routes) > 4096:
-            _tensor_routes.clear()
-        route = _tensor_route(tensor, kind, op, name, requested, state) or _NO_ROUTE
-        _tensor_routes[key] = route
+        if len(routes) > 4096:
+            routes.clear()
+        route = routes[key] = _tensor_route(tensor, kind, op, name, requested, state) or _NO_ROUTE
     if route is _NO_ROUTE or not kind.contiguous(tensor):
         return None
     own, transport, wait, xp = route
@@ -303,6 +338,15 @@ def tensor_allreduce(tensor, kind: TensorKind, options: dict):
     if factor != 1.0:
         kind.scale(out, factor)
     return out
+
+
+def _ever_taken(tensor, kind, settings) -> bool:
+    """Return whether the transport that moves data like `tensor` takes it as it is (the one
+    select() gives for moving data only: a reduction it cannot run goes elsewhere)."""
+    described = kind.describe(tensor)
+    if described is None:
+        return False
+    return kind.carried_by(select(settings, np if described[2] else ON_DEVICE))
 
 
 class _Described:

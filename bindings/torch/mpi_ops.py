@@ -124,7 +124,7 @@ def _allreduce_async(tensors: list, *, name, args: dict, inplace: bool, grouped:
 def _allreduce_now(tensor, *, name, args: dict, inplace: bool = False) -> torch.Tensor:
     # On torch's gloo or NCCL the tensor itself travels (small_allreduce.tensor_allreduce)
     data = tensor.detach() if tensor.requires_grad else tensor
-    out = tensor_allreduce(data, TORCH_TENSORS, {"name": name, "inplace": inplace, **args})
+    out = tensor_allreduce(data, TORCH_TENSORS, name, inplace, args)
     if out is not None:
         if inplace:  # (its version moves on, as with torch's own in-place ops: write_back)
             torch.autograd.graph.increment_version(tensor)

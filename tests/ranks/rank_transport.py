@@ -285,3 +285,24 @@ def test_torch_tensors_beside_a_joined_rank():
         np.testing.assert_array_equal(y.numpy(), np.full(2, n * (n - 1) / 2))
         last = hvd.join()
     assert hvd.allgather_object(last) == [last] * n
+
+
+def test_kept_routes_follow_the_settings():
+    # The short ways keep each call's route; settings that choose another transport (a new
+    # Settings object, as the tests' fixtures and a re-init make) must not reuse them.
+    from horovodlite import small_allreduce
+
+    def kept(name):
+        return [route[2] for key, route in small_allreduce._kept.short.items() if key[0] == name]
+
+    x = np.ones(8, np.float32)
+    hvd.allreduce(x, name="routes.follow")
+    assert [t.name for t in kept("routes.follow")] == ["gloo"]
+    state = current()
+    saved = state.settings
+    state.settings = dataclasses.replace(saved, transport="mpi")
+    try:
+        assert hvd.allreduce(x, op=hvd.Sum, name="routes.follow")[0] == hvd.size()
+        assert kept("routes.follow") == [None]  # MPI's own all-reduce: no transport object
+    finally:
+        state.settings = saved
