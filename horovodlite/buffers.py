@@ -17,6 +17,7 @@ __all__ = [
     "DTYPES_BY_NAME",
     "SUPPORTED_DTYPES",
     "as_array",
+    "is_cupy_array",
     "array_module",
     "device_module",
     "native_mpi_type",
@@ -79,8 +80,11 @@ def native_mpi_type(dtype: np.dtype):
     return _NATIVE_MPI_TYPE.get(dtype)
 
 
-def _is_cupy_array(obj) -> bool:
-    # (asked first: a CuPy array's __cuda_array_interface__ is a dict built on each read)
+def is_cupy_array(obj) -> bool:
+    """Return whether `obj` is a CuPy array (without importing CuPy: only if it is loaded).
+
+    Asked before `__cuda_array_interface__`, a dictionary a CuPy array builds on each read.
+    """
     cupy = sys.modules.get("cupy")
     return cupy is not None and type(obj) is cupy.ndarray
 
@@ -98,7 +102,7 @@ def as_array(obj):
     Raises:
         TypeError: `obj` is not an array, or its dtype is not supported.
     """
-    if isinstance(obj, np.ndarray) or _is_cupy_array(obj):
+    if isinstance(obj, np.ndarray) or is_cupy_array(obj):
         array = obj
     elif _is_gpu_object(obj):
         import cupy  # only GPU users need CuPy

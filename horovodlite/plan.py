@@ -61,7 +61,8 @@ def templates(settings) -> dict:
     """Return the memo in which plan functions keep what they derived from repeated arguments.
 
     A plan function keys it by every argument it derives from (plain values only) and stores
-    only what passed its checks, so a hit skips the checks and the fields. The memo belongs to
+    only what passed its checks, so a hit skips the checks and the fields; the short all-reduces
+    keep their routes in it too (small_allreduce.py, keys tagged as theirs). The memo belongs to
     one Settings object: a new init(), or a test that replaces the settings, starts a new one.
     """
     global _templates

@@ -32,12 +32,12 @@ from mpi4py import MPI
 from . import algorithms
 from .agreement import digest, exchange_with_data, explain, inline_bytes, same_everywhere
 from .algorithms.native import MPI_OPS
-from .buffers import native_mpi_type
+from .buffers import is_cupy_array, native_mpi_type
 from .fusion import FusionEntry, allreduce_fields, fused_allreduce
 from .ops import ReduceOp, combined_as, result_factor
-from .plan import waiter
+from .plan import templates, waiter
 from .process_sets import global_process_set
-from .staging import deliver, scale
+from .staging import OWN_PRECISION_SCALES, deliver, scale
 from .state import current
 from .transport import ON_DEVICE, select
 
@@ -103,31 +103,10 @@ def _beside_joined(comm, array, xp, op, inplace: bool, requested):
     return fused_allreduce(comm, [entry])[0]
 
 
-class _Kept:
-    """What the short ways keep between calls, for one Settings object (a route follows from
-    the transport the settings choose, so other settings start afresh, as select()'s choices).
-
-    short: (name, array type, dtype, shape, op, algorithm, state) -> (digest, MPI type,
-        transport, inline, wait)
-    tensor: (name, kind, dtype, shape, device, op, algorithm, state) -> (digest, transport, wait,
-        array module), or _NO_ROUTE where such tensors take the general way
-    taken: (kind, device) -> whether a transport here moves such tensors as they are
-    """
-
-    __slots__ = ("settings", "short", "tensor", "taken")
-
-    def __init__(self, settings):
-        self.settings, self.short, self.tensor, self.taken = settings, {}, {}, {}
-
-
-_kept = _Kept(None)
-
-
-def _renew(settings) -> _Kept:
-    global _kept
-    _kept = _Kept(settings)
-    return _kept
-
+# Tags that start this module's keys in plan.templates' memo (kept per Settings object, as a route
+# follows from the transport the settings choose): a short route, a framework tensor's route
+# ("no route" too), and whether a transport here takes a kind of tensor on a device at all.
+_SHORT, _TENSOR, _TAKEN = "short route", "tensor route", "tensor taken"
 
 
 def _short_route(tensor, xp, op, name, requested, state):
@@ -204,16 +183,11 @@ def short_allreduce(tensor, options: dict):
     if inplace and not getattr(tensor.flags, "writeable", True):  # (CuPy's always are)
         return None
     comm = state.comm
-    kept = _kept
-    if kept.settings is not state.settings:
-        kept = _renew(state.settings)
-    routes = kept.short
-    key = (name, xp, tensor.dtype, tensor.shape, op, requested, state)
-    route = routes.get(key)
+    memo = templates(state.settings)
+    key = (_SHORT, name, xp, tensor.dtype, tensor.shape, op, requested, state)
+    route = memo.get(key)
     if route is None:
-        if len(routes) > 4096:  # names that change every step, or many init()s
-            routes.clear()
-        route = routes[key] = _short_route(tensor, xp, op, name, requested, state)
+        route = memo[key] = _short_route(tensor, xp, op, name, requested, state)
     own, mpi_type, transport, inline, wait = route
     if transport is None and (mpi_type is None or tensor.nbytes > algorithms.SMALL_MESSAGE_BYTES):
         return None
@@ -283,9 +257,6 @@ class TensorKind:
         raise NotImplementedError
 
 
-# What tensor_allreduce scales itself (in the tensor's own precision, as scale() does).
-_SCALED_AS_IS = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
-
 _NO_ROUTE = ()
 
 
@@ -299,27 +270,22 @@ def tensor_allreduce(tensor, kind: TensorKind, name, inplace: bool, options: dic
     float32 and float64, and what `_plain` refuses, go the other way.
     """
     settings, device = current().settings, tensor.device
-    kept = _kept
-    if kept.settings is not settings:
-        kept = _renew(settings)
+    memo = templates(settings)
     # First whether any transport here takes such tensors: most tensors never go this way
     # (torch's host tensors go to MPI unless HOROVODLITE_TRANSPORT=gloo) and pay no more.
-    taken = kept.taken.get((kind, device))
+    taken = memo.get((_TAKEN, kind, device))
     if taken is None:
-        taken = kept.taken[kind, device] = _ever_taken(tensor, kind, settings)
+        taken = memo[_TAKEN, kind, device] = _ever_taken(tensor, kind, settings)
     if not taken:
         return None
     plain = _plain(options)
     if plain is None:
         return None
     op, requested, state = plain
-    routes = kept.tensor
-    key = (name, kind, tensor.dtype, tensor.shape, device, op, requested, state)
-    route = routes.get(key)
+    key = (_TENSOR, name, kind, tensor.dtype, tensor.shape, device, op, requested, state)
+    route = memo.get(key)
     if route is None:
-        if len(routes) > 4096:
-            routes.clear()
-        route = routes[key] = _tensor_route(tensor, kind, op, name, requested, state) or _NO_ROUTE
+        route = memo[key] = _tensor_route(tensor, kind, op, name, requested, state) or _NO_ROUTE
     if route is _NO_ROUTE or not kind.contiguous(tensor):
         return None
     own, transport, wait, xp = route
@@ -369,10 +335,9 @@ def _tensor_route(tensor, kind, op, name, requested, state):
     transport = select(state.settings, xp, op, dtype)
     if not kind.carried_by(transport):
         return None
-    if result_factor(op, 1.0, state.comm.size) != 1.0 and dtype not in _SCALED_AS_IS:
-        # Integers truncate, and half types round, as the general way's scale() does
-        return None
     size = state.comm.size
+    if result_factor(op, 1.0, size) != 1.0 and dtype not in OWN_PRECISION_SCALES:
+        return None  # (integers truncate, and half types round, as scale() does)
     fields = allreduce_fields(name, _Described(dtype, shape), op, 1.0, 1.0, requested, on_host)
     return digest(fields), transport, waiter(state, fields, range(size)), xp
 
@@ -381,5 +346,4 @@ def _module_of(tensor):
     """Return numpy or CuPy for an array of theirs (CuPy only if imported), else None."""
     if type(tensor) is np.ndarray:
         return np
-    cupy = sys.modules.get("cupy")
-    return cupy if cupy is not None and type(tensor) is cupy.ndarray else None
+    return sys.modules["cupy"] if is_cupy_array(tensor) else None
