@@ -25,6 +25,7 @@ from .collectives import (
     alltoall_plan,
     broadcast_plan,
     reducescatter_plan,
+    repeated_allreduce_plan,
 )
 from .handles import Handle
 from .joining import join_collectives
@@ -89,11 +90,18 @@ def allreduce_async(
     Raises:
         see horovodlite.asynchronous: submission errors here, the collective's in synchronize().
     """
-    return _submit([allreduce_plan(
-        tensor, op=op, name=name, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor, process_set=process_set, algorithm=algorithm,
-        average=average, inplace=inplace,
-    )])  # fmt: skip
+    plan = None
+    if average is None:
+        plan = repeated_allreduce_plan(
+            tensor, op, name, prescale_factor, postscale_factor, process_set, algorithm, inplace
+        )
+    if plan is None:
+        plan = allreduce_plan(
+            tensor, op=op, name=name, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, process_set=process_set, algorithm=algorithm,
+            average=average, inplace=inplace,
+        )  # fmt: skip
+    return _engine().submit_one(plan)
 
 
 def allreduce_async_(

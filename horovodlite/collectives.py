@@ -9,12 +9,14 @@ Every argument after the data (tensor, root_rank, splits) is keyword-only.
 """
 
 import math
+from typing import Optional
 
 import numpy as np
 
 from . import algorithms, small_allreduce
 from .agreement import array_fields, digest
 from .algorithms.scratch import chunk_bounds
+from .buffers import array_module, is_cupy_array
 from .checks import (
     check_reduction,
     check_rows,
@@ -24,7 +26,7 @@ from .checks import (
     root_index,
     set_id,
 )
-from .fusion import FusionEntry, allreduce_fields, fused_allreduce
+from .fusion import FusionEntry, allreduce_fields, fused_allreduce, fusion_key
 from .ops import ReduceOp, combined_as, resolve_op, result_factor
 from .plan import Plan, run_now, signature_of, synchronous, templates, waiter
 from .process_sets import communicator, global_process_set
@@ -92,18 +94,14 @@ def allreduce_plan(
     if (
         bad_input is None
         and average is None  # (which warns on every call)
-        and type(prescale_factor) is float
-        and type(postscale_factor) is float
-        and (op is None or type(op) is ReduceOp)
-        and (name is None or type(name) is str)
-        and (algorithm is None or type(algorithm) is str)
+        and _plain(op, name, prescale_factor, postscale_factor, algorithm)
     ):
         memo = templates(settings)
-        key = (name, op, prescale_factor, postscale_factor, algorithm, inplace, comm.size,
-               array.dtype, array.shape, xp)  # fmt: skip
+        key = _template_key(name, op, prescale_factor, postscale_factor, algorithm, inplace,
+                            comm.size, array, xp)  # fmt: skip
         template = memo.get(key)
     if template is not None:
-        resolved, requested, fields, travels = template
+        resolved, requested, fields, travels, fusion = template
         error = checked(lambda: check_writable(array, "allreduce_"))[1] if inplace else None
     else:
 
@@ -128,13 +126,18 @@ def allreduce_plan(
             and small_allreduce.travels_inline(array, resolved, scaled, requested, comm.size)
             and select(settings, np, resolved, array.dtype).name == "mpi"  # data on MPI only
         )
-        if error is None and memo is not None:
-            memo[key] = (resolved, requested, fields, travels)
+        fusion = None
+        if error is None:
+            fusion = fusion_key(array.dtype, resolved, float(prescale_factor),
+                                float(postscale_factor), requested, xp)  # fmt: skip
+            if memo is not None:
+                memo[key] = (resolved, requested, fields, travels, fusion)
     entry = inline = None
     if error is None:
         entry = FusionEntry(
-            array, xp, inplace, resolved, float(prescale_factor), float(postscale_factor), requested
-        )
+            array, xp, inplace, resolved, float(prescale_factor), float(postscale_factor),
+            requested, fusion,
+        )  # fmt: skip
         if travels:
 
             def inline(comm):
@@ -154,6 +157,57 @@ def allreduce_plan(
         fusion=entry,
         inline=inline,
     )
+
+
+def repeated_allreduce_plan(
+    tensor, op, name, prescale_factor, postscale_factor, process_set, algorithm, inplace
+) -> Optional[Plan]:
+    """Return allreduce_plan() of these arguments (`average` None) with the least work, where an
+    earlier call with the same arguments, dtype and shape left its template (plan.templates);
+    else None, and allreduce_plan() builds the plan (and finds any error).
+
+    The asynchronous all-reduce's way: a backward pass submits every gradient this way, every
+    step, and the Plan that allreduce_plan() builds for the blocking call (with its inline route)
+    cost more Python than the engine's whole share of a small request (docs/engine.md).
+    """
+    if type(tensor) is np.ndarray:
+        xp = np
+    elif is_cupy_array(tensor):
+        xp = array_module(tensor)
+    else:
+        return None  # (anything else is viewed as an array first: allreduce_plan)
+    if not _plain(op, name, prescale_factor, postscale_factor, algorithm):
+        return None
+    comm, ranks = communicator(process_set)
+    template = templates(current().settings).get(
+        _template_key(name, op, prescale_factor, postscale_factor, algorithm, inplace, comm.size,
+                      tensor, xp)  # fmt: skip
+    )
+    if template is None or (inplace and not getattr(tensor.flags, "writeable", True)):
+        return None
+    resolved, requested, fields, _, fusion = template
+    entry = FusionEntry(
+        tensor, xp, inplace, resolved, prescale_factor, postscale_factor, requested, fusion
+    )
+    # (Positionally: Plan's keyword arguments cost a tenth of a microsecond here.)
+    return Plan(fields, set_id(process_set), comm, ranks, None, None,
+                lambda comm, _: fused_allreduce(comm, [entry])[0], entry)  # fmt: skip
+
+
+def _plain(op, name, prescale_factor, postscale_factor, algorithm) -> bool:
+    """Return whether an all-reduce's options are plain values, which key its template."""
+    return (
+        type(prescale_factor) is float
+        and type(postscale_factor) is float
+        and (op is None or type(op) is ReduceOp)
+        and (name is None or type(name) is str)
+        and (algorithm is None or type(algorithm) is str)
+    )
+
+
+def _template_key(name, op, prescale, postscale, algorithm, inplace, size, array, xp) -> tuple:
+    """Return the key of an all-reduce's template in plan.templates' memo."""
+    return (name, op, prescale, postscale, algorithm, inplace, size, array.dtype, array.shape, xp)
 
 
 def allreduce(tensor, **options):

@@ -47,19 +47,31 @@ __all__ = [
     "allreduce_fields",
     "fused_allreduce",
     "fused_by_kind",
+    "fusion_key",
     "lay_out",
     "zeros_entry",
 ]
 
 
 class FusionEntry:
-    """One all-reduce as the fusion code sees it: its input, and how to return its result."""
+    """One all-reduce as the fusion code sees it: its input, and how to return its result.
 
-    def __init__(self, array, xp, inplace, op, prescale, postscale, requested):
+    `key` is `fusion_key(...)` of the same arguments, passed by a caller that keeps it from an
+    earlier call with them (the plan templates).
+    """
+
+    __slots__ = ("array", "xp", "inplace", "op", "prescale", "postscale", "requested", "key")
+
+    def __init__(self, array, xp, inplace, op, prescale, postscale, requested, key=None):
         self.array, self.xp, self.inplace = array, xp, inplace
         self.op, self.prescale, self.postscale, self.requested = op, prescale, postscale, requested
-        # All-reduces with equal keys can share one fusion buffer and one collective.
-        self.key = (array.dtype, op, prescale, postscale, requested, xp.__name__)
+        self.key = key or fusion_key(array.dtype, op, prescale, postscale, requested, xp)
+
+
+def fusion_key(dtype, op, prescale, postscale, requested, xp) -> tuple:
+    """Return the key of an all-reduce: those with equal keys can share one fusion buffer and
+    one collective."""
+    return (dtype, op, prescale, postscale, requested, xp.__name__)
 
 
 def zeros_entry(fields: dict) -> FusionEntry:
@@ -255,24 +267,30 @@ def _results(entries: list, layout: Layout, module, factor: float, span) -> list
     """Hand each entry its result as the layout says: itself, a view, or a copy back."""
     if not any(layout.copy_back):
         return [
-            entry.array if part is None else part.reshape(entry.array.shape)
+            entry.array if part is None else _shaped(part, entry.array)
             for entry, part in zip(entries, layout.results)
         ]
     results = []
     with span("MEMCPY_OUT_FUSION_BUFFER"):
         if module is not np and _delivered_together(entries, layout, module, factor):
             return [
-                entry.array if back or part is None else part.reshape(entry.array.shape)
+                entry.array if back or part is None else _shaped(part, entry.array)
                 for entry, part, back in zip(entries, layout.results, layout.copy_back)
             ]
         for entry, part, back in zip(entries, layout.results, layout.copy_back):
             if part is None:
                 results.append(entry.array)
             elif not back:
-                results.append(part.reshape(entry.array.shape))
+                results.append(_shaped(part, entry.array))
             else:
                 results.append(deliver(part, entry.array, entry.xp, entry.inplace, factor=factor))
     return results
+
+
+def _shaped(part, array):
+    """Return the flat `part` shaped as `array` (as it is where `array` is flat: a batch of
+    small results is mostly biases and norms, and a reshape each costs as much as the slice)."""
+    return part if array.ndim == 1 else part.reshape(array.shape)
 
 
 def _delivered_together(entries: list, layout: Layout, module, factor: float) -> bool:

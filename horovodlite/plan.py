@@ -17,7 +17,7 @@ from .state import current
 __all__ = ["Plan", "run_now", "synchronous", "signature_of", "templates", "waiter"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Plan:
     """A collective ready to run.
 

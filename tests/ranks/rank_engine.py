@@ -28,7 +28,7 @@ from oracle import (
 import horovodlite as hvd
 from horovodlite import fusion
 from horovodlite.algorithms.pieces import Pieces
-from horovodlite.collectives import allreduce_plan
+from horovodlite.collectives import allreduce_plan, repeated_allreduce_plan
 from horovodlite.fusion import adjacent_span
 from horovodlite.wakeup import GATHER_ONE_HOST
 
@@ -796,6 +796,49 @@ def test_a_repeated_request_still_checks_the_array_it_is_given():
     expect_error_everywhere(lambda: hvd.synchronize(handle), {last}, ValueError,
                             f"rank {last} failed before sending", "read-only")  # fmt: skip
     still_in_step()
+
+
+class _Subclass(np.ndarray):
+    pass
+
+
+def test_a_repeated_async_allreduce_takes_the_short_way_only_where_a_template_covers_it():
+    # repeated_allreduce_plan: a call whose arguments, dtype and shape an earlier call had
+    # is built from that call's template; every other call goes the general way.
+    n, me, world = hvd.size(), hvd.rank(), hvd.global_process_set
+    x = rank_values((3, 5), np.float32, me, 0)
+    want = reduce_expected([rank_values((3, 5), np.float32, k, 0) for k in range(n)], hvd.Average)
+
+    def short(tensor, prescale=1.0, process_set=world, inplace=False):
+        return repeated_allreduce_plan(tensor, None, "repeat.w", prescale, 1.0, process_set,
+                                       None, inplace)  # fmt: skip
+
+    assert short(x) is None  # no call yet
+    for _ in range(2):
+        assert_reduced(hvd.synchronize(hvd.allreduce_async(x, name="repeat.w")), want, hvd.Average)
+    plan, general = short(x), allreduce_plan(x, name="repeat.w")
+    assert plan.fields is general.fields and plan.process_set_id == general.process_set_id
+    assert plan.fusion.key == general.fusion.key and plan.fusion.array is x
+    assert_reduced(hvd.synchronize(hvd.allreduce_async(x, name="repeat.w")), want, hvd.Average)
+    # Not covered: another shape or dtype, a prescale that is no float (it may equal 1.0), an
+    # array subclass, in place (its own template), a read-only array in place.
+    frozen = x.copy()
+    frozen.flags.writeable = False
+    for other in (short(x[:2]), short(x.astype(np.float64)), short(x, prescale=1),
+                  short(x, prescale=np.float64(1.0)), short(x.view(_Subclass)),
+                  short(x.copy(), inplace=True), short(frozen, inplace=True)):  # fmt: skip
+        assert other is None
+    for odd in (1, np.float64(1.0)):  # the general way, the same result
+        out = hvd.synchronize(hvd.allreduce_async(x, name="repeat.w", prescale_factor=odd))
+        assert_reduced(out, want, hvd.Average)
+    # A process set that is gone is refused on the short way as on the general one.
+    ranks = hvd.add_process_set(list(range(n)))
+    for _ in range(2):
+        hvd.synchronize(hvd.allreduce_async(x, name="repeat.w", process_set=ranks))
+    assert short(x, process_set=ranks) is not None
+    hvd.remove_process_set(ranks)
+    with pytest.raises(ValueError, match="not registered"):
+        hvd.allreduce_async(x, name="repeat.w", process_set=ranks)
 
 
 @pytest.mark.skipif(WORLD_SIZE < 2, reason="a mismatch needs two ranks")
