@@ -16,14 +16,18 @@ __all__ = ["into_batches"]
 def into_batches(requests: list, threshold: int) -> list:
     """Return `requests` grouped into batches (lists) to run in order, buckets <= `threshold`."""
     batches, open_buckets = [], {}
+    # Requests mostly come in runs of one kind: a run looks its bucket up once. Fusion keys are
+    # interned (fusion.fusion_key), so the same kind is the same key object.
+    key = bucket = None  # (process set, fusion key) of the request before, and its bucket
     for request in requests:
         fusion = request.plan.fusion
         if fusion is None or threshold <= 0:
             batches.append([request])
             continue
-        key = (request.key[0], fusion.key)
+        if key is None or fusion.key is not key[1] or request.key[0] != key[0]:
+            key = (request.key[0], fusion.key)
+            bucket = open_buckets.get(key)  # [bytes, requests]
         nbytes = fusion.array.nbytes
-        bucket = open_buckets.get(key)  # [bytes, requests]
         if bucket is None or bucket[0] + nbytes > threshold:
             bucket = open_buckets[key] = [0, []]
             batches.append(bucket[1])

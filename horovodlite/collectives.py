@@ -91,14 +91,11 @@ def allreduce_plan(
     # A training loop repeats each all-reduce: what follows from plain arguments, the array's
     # dtype and shape and the set's size alone is checked and built once (plan.templates).
     memo = key = template = None
-    if (
-        bad_input is None
-        and average is None  # (which warns on every call)
-        and _plain(op, name, prescale_factor, postscale_factor, algorithm)
-    ):
-        memo = templates(settings)
+    if bad_input is None and average is None:  # (average warns on every call)
         key = _template_key(name, op, prescale_factor, postscale_factor, algorithm, inplace,
                             comm.size, array, xp)  # fmt: skip
+    if key is not None:
+        memo = templates(settings)
         template = memo.get(key)
     if template is not None:
         resolved, requested, fields, travels, fusion = template
@@ -176,13 +173,12 @@ def repeated_allreduce_plan(
         xp = array_module(tensor)
     else:
         return None  # (anything else is viewed as an array first: allreduce_plan)
-    if not _plain(op, name, prescale_factor, postscale_factor, algorithm):
-        return None
     comm, ranks = communicator(process_set)
-    template = templates(current().settings).get(
-        _template_key(name, op, prescale_factor, postscale_factor, algorithm, inplace, comm.size,
-                      tensor, xp)  # fmt: skip
-    )
+    key = _template_key(name, op, prescale_factor, postscale_factor, algorithm, inplace,
+                        comm.size, tensor, xp)  # fmt: skip
+    if key is None:
+        return None
+    template = templates(current().settings).get(key)
     if template is None or (inplace and not getattr(tensor.flags, "writeable", True)):
         return None
     resolved, requested, fields, _, fusion = template
@@ -194,20 +190,20 @@ def repeated_allreduce_plan(
                 lambda comm, _: fused_allreduce(comm, [entry])[0], entry)  # fmt: skip
 
 
-def _plain(op, name, prescale_factor, postscale_factor, algorithm) -> bool:
-    """Return whether an all-reduce's options are plain values, which key its template."""
-    return (
-        type(prescale_factor) is float
-        and type(postscale_factor) is float
+def _template_key(name, op, prescale, postscale, algorithm, inplace, size, array, xp):
+    """Return the key of an all-reduce's template in plan.templates' memo, or None where an
+    option is no plain value (a float that is an int or a numpy scalar, say, is checked anew
+    every call)."""
+    if (
+        type(prescale) is float
+        and type(postscale) is float
         and (op is None or type(op) is ReduceOp)
         and (name is None or type(name) is str)
         and (algorithm is None or type(algorithm) is str)
-    )
-
-
-def _template_key(name, op, prescale, postscale, algorithm, inplace, size, array, xp) -> tuple:
-    """Return the key of an all-reduce's template in plan.templates' memo."""
-    return (name, op, prescale, postscale, algorithm, inplace, size, array.dtype, array.shape, xp)
+    ):
+        return (name, op, prescale, postscale, algorithm, inplace, size, array.dtype, array.shape,
+                xp)  # fmt: skip
+    return None
 
 
 def allreduce(tensor, **options):

@@ -37,6 +37,7 @@ from .algorithms.pieces import Pieces
 from .algorithms.scratch import scratch
 from .buffers import DTYPES_BY_NAME, device_module, synchronize_device
 from .ops import ReduceOp, combined_as, result_factor
+from .result_memory import new_host_array
 from .staging import copy_in, deliver, deliver_together, host_scratch, scale, staged
 from .state import current
 from .transport import select
@@ -70,8 +71,15 @@ class FusionEntry:
 
 def fusion_key(dtype, op, prescale, postscale, requested, xp) -> tuple:
     """Return the key of an all-reduce: those with equal keys can share one fusion buffer and
-    one collective."""
-    return (dtype, op, prescale, postscale, requested, xp.__name__)
+    one collective. Equal keys are one object (buckets.into_batches compares them by identity).
+    """
+    key = (dtype, op, prescale, postscale, requested, xp.__name__)
+    if len(_KEYS) > 4096:  # (scale factors that change every call: start afresh)
+        _KEYS.clear()
+    return _KEYS.setdefault(key, key)
+
+
+_KEYS: dict = {}  # the fusion keys made so far: a handful of kinds in a training job
 
 
 def zeros_entry(fields: dict) -> FusionEntry:
@@ -169,8 +177,9 @@ def lay_out(entries: list, xp, module, takes_pieces: bool, takes_source: bool = 
             continue
         start = offset
         for entry in group:
-            results.append(buffer[offset : offset + entry.array.size])
-            offset += entry.array.size
+            size = entry.array.size
+            results.append(buffer[offset : offset + size])
+            offset += size
         pieces.append(buffer[start:offset])
     copy_back = [
         part is not None and (entry.inplace or not on_device)
@@ -197,7 +206,7 @@ def _lay_out_one(entry: FusionEntry, xp, module, takes_source: bool) -> Layout:
             return Layout([array.reshape(-1)], [True], None, [], [None], [False])
         if takes_source and not entry.inplace and entry.prescale == 1.0:
             if array.flags.c_contiguous:
-                result = module.empty(array.size, dtype=array.dtype)
+                result = _new(module, array.size, array.dtype)
                 return Layout([result], [False], result, [], [result], [False], array.reshape(-1))
     buffer = _buffer([entry], xp, module)
     back = entry.inplace or not on_device
@@ -211,8 +220,13 @@ def _buffer(buffered: list, xp, module):
     if module is not xp:
         return host_scratch(xp, dtype, total)  # staged results are copied back to the GPU
     if any(not entry.inplace for entry in buffered):
-        return module.empty(total, dtype=dtype)  # out-of-place results are views of it
+        return _new(module, total, dtype)  # out-of-place results are views of it
     return scratch(module, dtype, total, "fusion")
+
+
+def _new(module, count: int, dtype):
+    """Return new memory for results: on the host from the kept blocks (result_memory.py)."""
+    return new_host_array(count, dtype) if module is np else module.empty(count, dtype=dtype)
 
 
 def fused_allreduce(comm, entries: list, timeline=None) -> list:

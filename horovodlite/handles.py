@@ -94,15 +94,24 @@ class Handle:
 
     def wait(self):
         """Block until done; return the result or raise the collective's error."""
-        if not self.done():
-            now = time.monotonic()
-            for request in self._requests:
-                request.waited = request.waited or now
-            with self._wakeup.waiting():
-                self._finished.wait(self._requests)
-        for request in self._requests:
+        requests = self._requests
+        for request in requests:  # (done(), without its call: a step waits on every gradient)
+            if not request.finished:
+                self._block()
+                break
+        for request in requests:
             if request.error is not None:
                 raise request.error
         if self._grouped:
-            return [request.result for request in self._requests]
-        return self._requests[0].result
+            return [request.result for request in requests]
+        return requests[0].result
+
+    def _block(self) -> None:
+        """Wait until every request has finished, telling the engine that somebody waits."""
+        if self.done():  # (which flushes otherwise)
+            return
+        now = time.monotonic()
+        for request in self._requests:
+            request.waited = request.waited or now
+        with self._wakeup.waiting():
+            self._finished.wait(self._requests)

@@ -841,6 +841,37 @@ def test_a_repeated_async_allreduce_takes_the_short_way_only_where_a_template_co
         hvd.allreduce_async(x, name="repeat.w", process_set=ranks)
 
 
+def test_fused_results_kept_by_the_caller_are_never_handed_out_again():
+    # A batch's out-of-place results are views of one block (result_memory.py): held, it stays
+    # theirs; dropped, the next batch reuses it, and its results are right.
+    n, me, count, values = hvd.size(), hvd.rank(), 20, 1024  # 80 KiB a batch: a kept block
+    inputs = [[rank_values((values,), np.float32, k, step * count + i) for i in range(count)]
+              for k in range(n) for step in range(3)]  # fmt: skip
+
+    def step_inputs(rank: int, step: int) -> list:
+        return inputs[rank * 3 + step]
+
+    def run(step: int) -> list:
+        handles = [hvd.allreduce_async(a, op=hvd.Sum, name=f"kept.{i}")
+                   for i, a in enumerate(step_inputs(me, step))]  # fmt: skip
+        return [hvd.synchronize(handle) for handle in handles]
+
+    def expected(step: int) -> list:
+        return [reduce_expected([step_inputs(k, step)[i] for k in range(n)], hvd.Sum)
+                for i in range(count)]  # fmt: skip
+
+    held = run(0)
+    block = held[0].__array_interface__["data"][0]
+    later = run(1)
+    assert later[0].__array_interface__["data"][0] != block  # the held block was not taken
+    for got, want in zip(held + later, expected(0) + expected(1)):
+        assert_reduced(got, want)
+    del held, got
+    gc.collect()
+    for got, want in zip(run(2), expected(2)):
+        assert_reduced(got, want)
+
+
 @pytest.mark.skipif(WORLD_SIZE < 2, reason="a mismatch needs two ranks")
 def test_a_cached_name_sent_with_other_metadata_raises_on_every_rank():
     n, me, last = hvd.size(), hvd.rank(), hvd.size() - 1
