@@ -21,51 +21,60 @@ import numpy as np
 
 __all__ = ["new_host_array", "kept_bytes", "KEEP_FROM_BYTES", "KEEP_AT_MOST_BYTES"]
 
-KEEP_FROM_BYTES = 64 << 10  # smaller results come from malloc as they are
+KEEP_FROM_BYTES = 128 << 10  # smaller results come from malloc, which reuses its memory (below
+# glibc's first mmap threshold): a pool costs them more than it saves
 KEEP_AT_MOST_BYTES = 512 << 20  # the most the pool keeps; past it, the oldest blocks go
 _ROUND_BYTES = 4 << 10  # block sizes are whole pages, so that near sizes share blocks
 
 
 class _Pool:
-    """Free blocks (uint8 arrays), by size, with the order they came back in."""
+    """Free blocks (uint8 arrays), sorted by size, each with the order it came back in."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._sizes: list = []  # sorted sizes of the free blocks
-        self._blocks: list = []  # the blocks, in the order of `_sizes`
-        self._returned = 0  # a counter: which block came back first
-        self._ages: list = []  # per block, when it came back
+        self._free: list = []  # (size, when it came back, block), sorted
+        self._returned = 0  # blocks come back one after another: this counts them
         self.bytes = 0
 
     def take(self, nbytes: int) -> np.ndarray:
         """Return a free block of `nbytes` to twice that, or a new one of `nbytes`."""
         with self._lock:
-            i = bisect.bisect_left(self._sizes, nbytes)
-            if i < len(self._sizes) and self._sizes[i] <= 2 * nbytes:
-                self.bytes -= self._sizes.pop(i)
-                self._ages.pop(i)
-                return self._blocks.pop(i)
+            i = bisect.bisect_left(self._free, (nbytes,))
+            if i < len(self._free) and self._free[i][0] <= 2 * nbytes:
+                size, _, block = self._free.pop(i)
+                self.bytes -= size
+                return block
         return np.empty(nbytes, dtype=np.uint8)
 
     def give_back(self, block: np.ndarray) -> None:
         """Keep `block` for a later result; drop the oldest blocks past KEEP_AT_MOST_BYTES."""
+        size = block.nbytes
+        if size > KEEP_AT_MOST_BYTES:
+            return
         with self._lock:
-            if block.nbytes > KEEP_AT_MOST_BYTES:
-                return
-            while self.bytes + block.nbytes > KEEP_AT_MOST_BYTES:
-                oldest = self._ages.index(min(self._ages))
-                self.bytes -= self._sizes.pop(oldest)
-                self._blocks.pop(oldest)
-                self._ages.pop(oldest)
-            i = bisect.bisect_left(self._sizes, block.nbytes)
-            self._sizes.insert(i, block.nbytes)
-            self._blocks.insert(i, block)
-            self._ages.insert(i, self._returned)
+            while self.bytes + size > KEEP_AT_MOST_BYTES:
+                oldest = min(range(len(self._free)), key=lambda i: self._free[i][1])
+                self.bytes -= self._free.pop(oldest)[0]
+            bisect.insort(self._free, (size, self._returned, block))
             self._returned += 1
-            self.bytes += block.nbytes
+            self.bytes += size
 
 
 _pool = _Pool()
+
+
+class _Viewed(weakref.ref):
+    """A weak reference to the memoryview that a result's arrays keep alive, with its block."""
+
+    __slots__ = ("block",)
+
+
+_viewed: dict = {}  # id -> _Viewed, for the blocks out with results now
+
+
+def _came_back(viewed: _Viewed) -> None:
+    _viewed.pop(id(viewed), None)
+    _pool.give_back(viewed.block)
 
 
 def new_host_array(count: int, dtype) -> np.ndarray:
@@ -79,8 +88,10 @@ def new_host_array(count: int, dtype) -> np.ndarray:
     array = np.frombuffer(block.data, dtype=dtype, count=count)
     # `array.base` is a memoryview that every view of the result keeps alive, however it is
     # sliced, reshaped or handed on (torch.from_numpy, DLPack): when it goes, nothing reads the
-    # block any more.
-    weakref.finalize(array.base, _pool.give_back, block).atexit = False
+    # block any more. (A weak reference of our own costs half of weakref.finalize's.)
+    viewed = _Viewed(array.base, _came_back)
+    viewed.block = block
+    _viewed[id(viewed)] = viewed
     return array
 
 

@@ -844,7 +844,7 @@ def test_a_repeated_async_allreduce_takes_the_short_way_only_where_a_template_co
 def test_fused_results_kept_by_the_caller_are_never_handed_out_again():
     # A batch's out-of-place results are views of one block (result_memory.py): held, it stays
     # theirs; dropped, the next batch reuses it, and its results are right.
-    n, me, count, values = hvd.size(), hvd.rank(), 20, 1024  # 80 KiB a batch: a kept block
+    n, me, count, values = hvd.size(), hvd.rank(), 20, 2048  # 160 KiB a batch: a kept block
     inputs = [[rank_values((values,), np.float32, k, step * count + i) for i in range(count)]
               for k in range(n) for step in range(3)]  # fmt: skip
 
