@@ -21,7 +21,8 @@ measures instead, per framework and rank count, the training step's gradient pat
   * fused:         torch: 161 allreduce_async_() then synchronize() on separate tensors;
                    tensorflow: one grouped_allreduce() (DistributedGradientTape's path);
                    keras: the DistributedOptimizer's gradient reduction (GradientReducer);
-  * one buffer:    one allreduce of a single tensor holding the same bytes;
+  * one buffer:    one allreduce of a single tensor holding the same bytes (torch: allreduce_,
+                   in place, as the fused path);
   * one sync each: 161 synchronous allreduce() calls;
   * optimizer:     torch only: DistributedOptimizer.synchronize() on 161 parameters given new
                    gradients each step (as after zero_grad()): the training script's own path.
@@ -387,14 +388,26 @@ def gradient_paths(framework: str, repeats: int) -> dict:
     flat = tensor(np.concatenate([a.reshape(-1) for a in arrays]))
     methods = {
         "fused": make_fused(grads),
-        "one buffer": lambda: hvd.allreduce(flat, name="flat"),
+        # The floor: the same bytes in one tensor, reduced in place where the framework has it
+        # (torch's allreduce_), as the fused path reduces the gradients in place.
+        "one buffer": (lambda: hvd.allreduce_(flat, name="flat")) if framework == "torch"
+        else (lambda: hvd.allreduce(flat, name="flat")),
         "one sync each": lambda: [hvd.allreduce(g, name=f"sync.{i}") for i, g in enumerate(grads)],
     }
     if framework == "torch":
         methods["optimizer"] = _torch_optimizer_step(hvd, grads)
+        # The same buffer in memory from torch's own allocator, as the gradients are: numpy
+        # advises the kernel to back an allocation of 4 MiB or more with huge pages, and MPICH's
+        # single copy between processes (CMA) moves those about twice as fast as 4 KiB pages.
+        import torch
+
+        own = torch.cat([g.reshape(-1) for g in grads])
+        methods["one buffer, torch's memory"] = lambda: hvd.allreduce_(own, name="flat.torch")
     expected = np.asarray(methods["one buffer"]())
     for name in [n for n in methods if n != "one buffer"]:
-        got = np.concatenate([np.asarray(r).reshape(-1) for r in methods[name]()])
+        results = methods[name]()
+        results = results if isinstance(results, list) else [results]  # (one buffer: one tensor)
+        got = np.concatenate([np.asarray(r).reshape(-1) for r in results])
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=name)
     # Beside the wall time (the slowest rank), what a busy machine disturbs less: the CPU time
     # the ranks spent (all threads, mean over ranks) and the engine's cycles per step.
@@ -457,12 +470,16 @@ def report_paths(results: list) -> str:
              f"{'path':<11}{'ranks':>6}{'fused':>10}{'one buffer':>12}{'one sync each':>15}"
              f"{'fused/buffer':>14}{'sync/fused':>12}{'load avg':>10}"
              f"{'CPU ms: fused, buffer, each':>30}{'fused cycles':>14}"]  # fmt: skip
-    optimizer = []
+    optimizer, torch_memory = [], []
     for r in results:
         g = {k: v["median_s"] * 1e3 for k, v in r["gradients"].items()}
         if "optimizer" in g:
             optimizer.append(f"{r['ranks']} ranks: {g['optimizer']:.1f} ms, "
                              f"{g['optimizer'] / g['one buffer']:.2f}x one buffer")  # fmt: skip
+        if "one buffer, torch's memory" in g:
+            own = g["one buffer, torch's memory"]
+            torch_memory.append(f"{r['ranks']} ranks: {own:.1f} ms, fused "
+                                f"{g['fused'] / own:.2f}x it")  # fmt: skip
         lines.append(
             f"{r['path']:<11}{r['ranks']:>6}{g['fused']:>10.1f}{g['one buffer']:>12.1f}"
             f"{g['one sync each']:>15.1f}{g['fused'] / g['one buffer']:>13.2f}x"
@@ -476,6 +493,9 @@ def report_paths(results: list) -> str:
     if optimizer:
         lines.append("torch DistributedOptimizer.synchronize(): "
                      + "; ".join(optimizer))  # fmt: skip
+    if torch_memory:
+        lines.append("torch one buffer in torch's own memory (allreduce_): "
+                     + "; ".join(torch_memory))  # fmt: skip
     return "\n".join(lines)
 
 
