@@ -19,7 +19,7 @@ import weakref
 
 import numpy as np
 
-__all__ = ["new_host_array", "kept_bytes", "KEEP_FROM_BYTES", "KEEP_AT_MOST_BYTES"]
+__all__ = ["new_host_array", "new_host_like", "kept_bytes", "KEEP_FROM_BYTES", "KEEP_AT_MOST_BYTES"]
 
 KEEP_FROM_BYTES = 128 << 10  # smaller results come from malloc, which reuses its memory (below
 # glibc's first mmap threshold): a pool costs them more than it saves
@@ -77,10 +77,9 @@ def _came_back(viewed: _Viewed) -> None:
     _pool.give_back(viewed.block)
 
 
-def new_host_array(count: int, dtype) -> np.ndarray:
-    """Return a new flat numpy array of `count` elements of `dtype` (uninitialized), from the
-    pool where it is large."""
-    dtype = np.dtype(dtype)
+def new_host_array(count: int, dtype: np.dtype) -> np.ndarray:
+    """Return a new flat numpy array of `count` elements of `dtype` (a numpy dtype; the array
+    uninitialized), from the pool where it is large."""
     nbytes = count * dtype.itemsize
     if nbytes < KEEP_FROM_BYTES:
         return np.empty(count, dtype=dtype)
@@ -93,6 +92,13 @@ def new_host_array(count: int, dtype) -> np.ndarray:
     viewed.block = block
     _viewed[id(viewed)] = viewed
     return array
+
+
+def new_host_like(array: np.ndarray) -> np.ndarray:
+    """Return a new C-ordered array of `array`'s shape and dtype, as new_host_array()."""
+    if array.nbytes < KEEP_FROM_BYTES:
+        return np.empty(array.shape, dtype=array.dtype)
+    return new_host_array(array.size, array.dtype).reshape(array.shape)
 
 
 def kept_bytes() -> int:

@@ -37,7 +37,7 @@ from .fusion import FusionEntry, allreduce_fields, fused_allreduce
 from .ops import ReduceOp, combined_as, result_factor
 from .plan import templates, waiter
 from .process_sets import global_process_set
-from .result_memory import new_host_array
+from .result_memory import new_host_like
 from .staging import OWN_PRECISION_SCALES, deliver, scale
 from .state import current
 from .transport import ON_DEVICE, select
@@ -207,12 +207,7 @@ def short_allreduce(tensor, options: dict):
         if not same_everywhere(comm, own, wait):
             explain(comm, allreduce_fields(name, tensor, op, 1.0, 1.0, requested, xp is np))
             return _beside_joined(comm, tensor, xp, op, inplace, requested)
-    if inplace:
-        out = tensor
-    elif xp is np:
-        out = new_host_array(tensor.size, tensor.dtype).reshape(tensor.shape)
-    else:
-        out = xp.empty_like(tensor)
+    out = tensor if inplace else new_host_like(tensor) if xp is np else xp.empty_like(tensor)
     if transport is not None:  # (it reads `tensor` apart from `out`, or copies it there first)
         source = None if inplace else tensor.reshape(-1)
         transport.allreduce(comm, out.reshape(-1), combined_as(op), xp, transport.name, None,
