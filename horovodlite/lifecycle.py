@@ -14,6 +14,7 @@ import time
 
 from mpi4py import MPI
 
+from . import result_memory
 from . import state as _state
 from .config import Settings
 from .engine import Engine
@@ -101,6 +102,7 @@ def _shutdown(reason: int) -> None:
         state.watch.announce_departure(reason)
         state.engine.stop()
         state.close()
+    result_memory.release()  # (results still alive keep theirs)
 
 
 def _note_exit_report(settings: Settings, event: str) -> None:

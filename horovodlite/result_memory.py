@@ -4,13 +4,13 @@ An out-of-place result needs memory of its own, and fresh memory is slow memory:
 maps an allocation above its threshold (128 KiB at first, and an allocation of the very size
 just freed is mapped again) straight from the kernel, which zeroes each page at its first
 touch. A training loop that all-reduces the same arrays every step paid that for every result:
-200 fused results of 4 KiB took about 430 µs more than the reduction itself, twice MPI's own
-all-reduce of the same bytes (docs/benchmarks.md, "The engine's cost per request").
+a fused batch of 200 results of 4 KiB took 0.70 ms, and 0.27 ms with glibc told to keep freed
+memory (docs/engine.md, "Stop 48: the repeated request").
 
 So a large result gets a block from a pool instead. Its arrays are views of one memoryview,
 which every view keeps alive; once the last of them is gone the block returns to the pool, and
 the next result of a size it can hold takes it, its pages already mapped. Small results come
-from malloc, which reuses freed memory of their size itself.
+from malloc, which reuses freed memory of their size itself. hvd.shutdown() lets go of the pool.
 """
 
 import bisect
@@ -19,7 +19,14 @@ import weakref
 
 import numpy as np
 
-__all__ = ["new_host_array", "new_host_like", "kept_bytes", "KEEP_FROM_BYTES", "KEEP_AT_MOST_BYTES"]
+__all__ = [
+    "new_host_array",
+    "new_host_like",
+    "kept_bytes",
+    "release",
+    "KEEP_FROM_BYTES",
+    "KEEP_AT_MOST_BYTES",
+]
 
 KEEP_FROM_BYTES = 128 << 10  # smaller results come from malloc, which reuses its memory (below
 # glibc's first mmap threshold): a pool costs them more than it saves
@@ -45,6 +52,12 @@ class _Pool:
                 self.bytes -= size
                 return block
         return np.empty(nbytes, dtype=np.uint8)
+
+    def clear(self) -> None:
+        """Let go of every free block."""
+        with self._lock:
+            self._free.clear()
+            self.bytes = 0
 
     def give_back(self, block: np.ndarray) -> None:
         """Keep `block` for a later result; drop the oldest blocks past KEEP_AT_MOST_BYTES."""
@@ -99,6 +112,12 @@ def new_host_like(array: np.ndarray) -> np.ndarray:
     if array.nbytes < KEEP_FROM_BYTES:
         return np.empty(array.shape, dtype=array.dtype)
     return new_host_array(array.size, array.dtype).reshape(array.shape)
+
+
+def release() -> None:
+    """Hand the kept blocks back to the allocator (hvd.shutdown() does); blocks still viewed by
+    results are kept again once those are gone."""
+    _pool.clear()
 
 
 def kept_bytes() -> int:

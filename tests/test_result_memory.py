@@ -96,3 +96,16 @@ def test_an_array_like_another_takes_its_shape_and_dtype_from_the_pool_where_lar
     del new
     gc.collect()
     assert kept_bytes() == large.nbytes  # the large one's block came back; the small one never
+
+
+def test_release_lets_go_of_the_free_blocks_and_keeps_those_still_viewed():
+    dtype = np.dtype(np.float32)
+    free, viewed = new_host_array(KEEP_FROM_BYTES, dtype), new_host_array(KEEP_FROM_BYTES, dtype)
+    del free
+    gc.collect()
+    assert kept_bytes() == 4 * KEEP_FROM_BYTES
+    result_memory.release()
+    assert kept_bytes() == 0
+    del viewed
+    gc.collect()
+    assert kept_bytes() == 4 * KEEP_FROM_BYTES  # it comes back once nothing views it
