@@ -156,13 +156,18 @@ def test_eager_collectives_skip_the_engine(mode, monkeypatch):
     from horovodlite.state import current
 
     engine, submitted = current().engine, []
-    submit = engine.submit
+    submit, submit_one = engine.submit, engine.submit_one
 
     def counted(plans, *args):
         submitted.extend(plans)
         return submit(plans, *args)
 
+    def counted_one(plan):
+        submitted.append(plan)
+        return submit_one(plan)
+
     monkeypatch.setattr(engine, "submit", counted)
+    monkeypatch.setattr(engine, "submit_one", counted_one)
     r, n = hvd.rank(), hvd.size()
 
     def build():
