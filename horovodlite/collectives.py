@@ -26,7 +26,7 @@ from .checks import (
     root_index,
     set_id,
 )
-from .fusion import FusionEntry, allreduce_fields, fused_allreduce, fusion_key
+from .fusion import FusionEntry, allreduce_fields, fusion_key
 from .ops import ReduceOp, combined_as, resolve_op, result_factor
 from .plan import Plan, run_now, signature_of, synchronous, templates, waiter
 from .process_sets import communicator, global_process_set
@@ -150,7 +150,7 @@ def allreduce_plan(
         comm,
         ranks,
         error,
-        execute=lambda comm, _: fused_allreduce(comm, [entry])[0],
+        execute=entry,
         fusion=entry,
         inline=inline,
     )
@@ -186,8 +186,7 @@ def repeated_allreduce_plan(
         tensor, xp, inplace, resolved, prescale_factor, postscale_factor, requested, fusion
     )
     # (Positionally: Plan's keyword arguments cost a tenth of a microsecond here.)
-    return Plan(fields, set_id(process_set), comm, ranks, None, None,
-                lambda comm, _: fused_allreduce(comm, [entry])[0], entry)  # fmt: skip
+    return Plan(fields, set_id(process_set), comm, ranks, None, None, entry, entry)
 
 
 def _template_key(name, op, prescale, postscale, algorithm, inplace, size, array, xp):

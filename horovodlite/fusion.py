@@ -68,6 +68,14 @@ class FusionEntry:
         self.op, self.prescale, self.postscale, self.requested = op, prescale, postscale, requested
         self.key = key or fusion_key(array.dtype, op, prescale, postscale, requested, xp)
 
+    def __call__(self, comm, payloads=None):
+        """Run this all-reduce alone and return its result: an all-reduce plan's `execute`.
+
+        (The entry itself, where a closure would make three more objects for Python's garbage
+        collector on every call: a backward pass makes one plan per gradient.)
+        """
+        return fused_allreduce(comm, [self])[0]
+
 
 def fusion_key(dtype, op, prescale, postscale, requested, xp) -> tuple:
     """Return the key of an all-reduce: those with equal keys can share one fusion buffer and
