@@ -87,73 +87,51 @@ def allreduce_plan(
         HorovodLiteError: the ranks' arguments disagree, or another rank's were bad.
     """
     comm, ranks, array, xp, bad_input = prepare(tensor, process_set)
-    settings = current().settings
-    # A training loop repeats each all-reduce: what follows from plain arguments, the array's
-    # dtype and shape and the set's size alone is checked and built once (plan.templates).
-    memo = key = template = None
     if bad_input is None and average is None:  # (average warns on every call)
-        key = _template_key(name, op, prescale_factor, postscale_factor, algorithm, inplace,
-                            comm.size, array, xp)  # fmt: skip
-    if key is not None:
-        memo = templates(settings)
-        template = memo.get(key)
-    if template is not None:
-        resolved, requested, fields, travels, fusion = template
-        error = checked(lambda: check_writable(array, "allreduce_"))[1] if inplace else None
-    else:
+        plan = _templated_plan(array, xp, comm, ranks, op, name, prescale_factor,
+                               postscale_factor, process_set, algorithm, inplace, True)  # fmt: skip
+        if plan is not None:
+            return plan
+    settings = current().settings
 
-        def parse():
-            resolved = resolve_op(op, average)
-            check_reduction(array, resolved, prescale_factor, postscale_factor, comm.size)
-            if inplace:
-                check_writable(array, "allreduce_")
-            requested = algorithms.requested_algorithm(algorithm, settings.allreduce_algorithm)
-            return resolved, requested
+    def parse():
+        resolved = resolve_op(op, average)
+        check_reduction(array, resolved, prescale_factor, postscale_factor, comm.size)
+        if inplace:
+            check_writable(array, "allreduce_")
+        requested = algorithms.requested_algorithm(algorithm, settings.allreduce_algorithm)
+        return resolved, requested
 
-        parsed, error = checked(parse, bad_input)
-        resolved, requested = parsed or (None, None)
-        fields = allreduce_fields(
-            name, array, resolved, prescale_factor, postscale_factor, requested, xp is np
-        )
+    parsed, error = checked(parse, bad_input)
+    resolved, requested = parsed or (None, None)
+    fields = allreduce_fields(
+        name, array, resolved, prescale_factor, postscale_factor, requested, xp is np
+    )
+    entry = inline = None
+    if error is None:
         scaled = prescale_factor != 1.0 or postscale_factor != 1.0
         travels = (
-            error is None
-            and xp is np
+            xp is np
             and settings.check_metadata
             and small_allreduce.travels_inline(array, resolved, scaled, requested, comm.size)
             and select(settings, np, resolved, array.dtype).name == "mpi"  # data on MPI only
         )
-        fusion = None
-        if error is None:
-            fusion = fusion_key(array.dtype, resolved, float(prescale_factor),
-                                float(postscale_factor), requested, xp)  # fmt: skip
-            if memo is not None:
-                memo[key] = (resolved, requested, fields, travels, fusion)
-    entry = inline = None
-    if error is None:
+        fusion = fusion_key(array.dtype, resolved, float(prescale_factor),
+                            float(postscale_factor), requested, xp)  # fmt: skip
+        key = None
+        if average is None:
+            key = _template_key(name, op, prescale_factor, postscale_factor, algorithm, inplace,
+                                comm.size, array, xp)  # fmt: skip
+        if key is not None:
+            templates(settings)[key] = (resolved, requested, fields, travels, fusion)
         entry = FusionEntry(
             array, xp, inplace, resolved, float(prescale_factor), float(postscale_factor),
             requested, fusion,
         )  # fmt: skip
         if travels:
-
-            def inline(comm):
-                own = digest(fields)
-                wait = waiter(current(), fields, ranks)
-                return small_allreduce.inline_allreduce(
-                    comm, own, array, resolved, inplace, lambda: fields, ranks, wait
-                )
-
-    return Plan(
-        fields,
-        set_id(process_set),
-        comm,
-        ranks,
-        error,
-        execute=entry,
-        fusion=entry,
-        inline=inline,
-    )
+            inline = _inline_route(fields, array, resolved, inplace, ranks)
+    return Plan(fields, set_id(process_set), comm, ranks, error, execute=entry, fusion=entry,
+                inline=inline)  # fmt: skip
 
 
 def repeated_allreduce_plan(
@@ -164,8 +142,8 @@ def repeated_allreduce_plan(
     else None, and allreduce_plan() builds the plan (and finds any error).
 
     The asynchronous all-reduce's way: a backward pass submits every gradient this way, every
-    step, and the Plan that allreduce_plan() builds for the blocking call (with its inline route)
-    cost more Python than the engine's whole share of a small request (docs/engine.md).
+    step. It takes numpy and CuPy arrays as they are (no conversion to try) and builds no inline
+    route, which only the blocking call takes (docs/engine.md).
     """
     if type(tensor) is np.ndarray:
         xp = np
@@ -174,19 +152,48 @@ def repeated_allreduce_plan(
     else:
         return None  # (anything else is viewed as an array first: allreduce_plan)
     comm, ranks = communicator(process_set)
-    key = _template_key(name, op, prescale_factor, postscale_factor, algorithm, inplace,
-                        comm.size, tensor, xp)  # fmt: skip
+    return _templated_plan(tensor, xp, comm, ranks, op, name, prescale_factor, postscale_factor,
+                           process_set, algorithm, inplace, False)  # fmt: skip
+
+
+# A training loop repeats each all-reduce: what follows from plain arguments, the array's dtype
+# and shape and the set's size alone is checked and built once, its template (plan.templates):
+# (resolved op, requested algorithm, fields, whether it travels inline, fusion key).
+
+
+def _templated_plan(array, xp, comm, ranks, op, name, prescale, postscale, process_set,
+                    algorithm, inplace: bool, with_inline: bool) -> Optional[Plan]:  # fmt: skip
+    """Return the plan of these arguments built from their template, or None where there is
+    none, or the array is read-only for an in-place call (the general way reports it).
+
+    `with_inline`: give the plan its inline route where the template says it travels inline
+    (the blocking call takes it; the engine ignores it).
+    """
+    key = _template_key(name, op, prescale, postscale, algorithm, inplace, comm.size, array, xp)
     if key is None:
         return None
     template = templates(current().settings).get(key)
-    if template is None or (inplace and not getattr(tensor.flags, "writeable", True)):
+    if template is None or (inplace and not getattr(array.flags, "writeable", True)):
         return None
-    resolved, requested, fields, _, fusion = template
-    entry = FusionEntry(
-        tensor, xp, inplace, resolved, prescale_factor, postscale_factor, requested, fusion
-    )
+    resolved, requested, fields, travels, fusion = template
+    entry = FusionEntry(array, xp, inplace, resolved, prescale, postscale, requested, fusion)
+    inline = None
+    if with_inline and travels:
+        inline = _inline_route(fields, array, resolved, inplace, ranks)
     # (Positionally: Plan's keyword arguments cost a tenth of a microsecond here.)
-    return Plan(fields, set_id(process_set), comm, ranks, None, None, entry, entry)
+    return Plan(fields, set_id(process_set), comm, ranks, None, None, entry, entry, inline)
+
+
+def _inline_route(fields: dict, array, resolved, inplace: bool, ranks):
+    """Return `inline(comm)` for an all-reduce that travels inside its metadata check."""
+
+    def inline(comm):
+        wait = waiter(current(), fields, ranks)
+        return small_allreduce.inline_allreduce(
+            comm, digest(fields), array, resolved, inplace, lambda: fields, ranks, wait
+        )
+
+    return inline
 
 
 def _template_key(name, op, prescale, postscale, algorithm, inplace, size, array, xp):
