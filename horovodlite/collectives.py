@@ -30,6 +30,7 @@ from .fusion import FusionEntry, allreduce_fields, fusion_key
 from .ops import ReduceOp, combined_as, resolve_op, result_factor
 from .plan import Plan, run_now, signature_of, synchronous, templates, waiter
 from .process_sets import communicator, global_process_set
+from .result_memory import new_array
 from .staging import deliver, flat_work, scale
 from .state import current
 from .transport import select
@@ -340,7 +341,7 @@ def allgather_plan(tensor, *, name=None, process_set=global_process_set) -> Plan
         buf, module = flat_work(array, xp, False, transport)
         row = math.prod(array.shape[1:])
         counts = [r * row for r in rows]
-        out = module.empty(sum(counts), dtype=array.dtype)
+        out = new_array(module, sum(counts), array.dtype)
         transport.allgatherv(comm, buf, out, counts)
         return deliver(out, array, xp, False, (sum(rows), *array.shape[1:]))
 
@@ -440,7 +441,7 @@ def alltoall_plan(tensor, splits=None, *, name=None, process_set=global_process_
         buf, module = flat_work(array, xp, False, transport)
         row = math.prod(array.shape[1:])
         send_counts, recv_counts = (send_splits * row).tolist(), (received_splits * row).tolist()
-        out = module.empty(int(received_splits.sum()) * row, dtype=array.dtype)
+        out = new_array(module, int(received_splits.sum()) * row, array.dtype)
         transport.alltoallv(comm, buf, send_counts, out, recv_counts)
         received = deliver(out, array, xp, False, (int(received_splits.sum()), *array.shape[1:]))
         if splits is None:

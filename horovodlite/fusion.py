@@ -37,7 +37,7 @@ from .algorithms.pieces import Pieces
 from .algorithms.scratch import scratch
 from .buffers import DTYPES_BY_NAME, device_module, synchronize_device
 from .ops import ReduceOp, combined_as, result_factor
-from .result_memory import new_host_array
+from .result_memory import new_array
 from .staging import copy_in, deliver, deliver_together, host_scratch, scale, staged
 from .state import current
 from .transport import select
@@ -214,7 +214,7 @@ def _lay_out_one(entry: FusionEntry, xp, module, takes_source: bool) -> Layout:
             return Layout([array.reshape(-1)], [True], None, [], [None], [False])
         if takes_source and not entry.inplace and entry.prescale == 1.0:
             if array.flags.c_contiguous:
-                result = _new(module, array.size, array.dtype)
+                result = new_array(module, array.size, array.dtype)
                 return Layout([result], [False], result, [], [result], [False], array.reshape(-1))
     buffer = _buffer([entry], xp, module)
     back = entry.inplace or not on_device
@@ -228,13 +228,8 @@ def _buffer(buffered: list, xp, module):
     if module is not xp:
         return host_scratch(xp, dtype, total)  # staged results are copied back to the GPU
     if any(not entry.inplace for entry in buffered):
-        return _new(module, total, dtype)  # out-of-place results are views of it
+        return new_array(module, total, dtype)  # out-of-place results are views of it
     return scratch(module, dtype, total, "fusion")
-
-
-def _new(module, count: int, dtype):
-    """Return new memory for results: on the host from the kept blocks (result_memory.py)."""
-    return new_host_array(count, dtype) if module is np else module.empty(count, dtype=dtype)
 
 
 def fused_allreduce(comm, entries: list, timeline=None) -> list:

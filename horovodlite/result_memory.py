@@ -22,6 +22,7 @@ import numpy as np
 __all__ = [
     "new_host_array",
     "new_host_like",
+    "new_array",
     "kept_bytes",
     "release",
     "KEEP_FROM_BYTES",
@@ -105,6 +106,12 @@ def new_host_array(count: int, dtype: np.dtype) -> np.ndarray:
     viewed.block = block
     _viewed[id(viewed)] = viewed
     return array
+
+
+def new_array(xp, count: int, dtype: np.dtype):
+    """Return a new flat array of module `xp` for a result: numpy's as new_host_array(), any
+    other module's (CuPy, with its own memory pool) from `xp.empty`."""
+    return new_host_array(count, dtype) if xp is np else xp.empty(count, dtype=dtype)
 
 
 def new_host_like(array: np.ndarray) -> np.ndarray:

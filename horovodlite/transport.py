@@ -39,6 +39,7 @@ from . import algorithms
 from .buffers import wire_type
 from .config import TRANSPORTS
 from .ops import ReduceOp, combined_as
+from .result_memory import new_array
 from .runtime import cuda_aware_mpi
 
 __all__ = [
@@ -204,7 +205,7 @@ class GroupTransport:
             return buf[lo:hi]
         group = self.group(comm)
         if len({stop - start for start, stop in bounds}) == 1:
-            out = xp.empty(hi - lo, dtype=buf.dtype)
+            out = new_array(xp, hi - lo, buf.dtype)
             self.reduce_scatter(group, buf, out, op)
             return out
         self.reduce_all(group, buf, op)

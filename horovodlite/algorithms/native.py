@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 from ..buffers import native_mpi_type, wire_type
 from ..ops import ReduceOp, reduce_into
+from ..result_memory import new_array
 
 __all__ = ["MPI_OPS", "mpi_allreduce", "mpi_reducescatter", "supports"]
 
@@ -59,7 +60,7 @@ def mpi_allreduce(comm, buf, op, xp, segment_bytes: int = 0, source=None) -> Non
 def mpi_reducescatter(comm, buf, bounds, op, xp, segment_bytes: int = 0):
     """Reduce `buf` across ranks with MPI_Reduce_scatter; return this rank's chunk."""
     lo, hi = bounds[comm.rank]
-    out = xp.empty(hi - lo, dtype=buf.dtype)
+    out = new_array(xp, hi - lo, buf.dtype)
     if comm.size == 1:
         out[...] = buf[lo:hi]
         return out
