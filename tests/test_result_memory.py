@@ -109,3 +109,15 @@ def test_release_lets_go_of_the_free_blocks_and_keeps_those_still_viewed():
     del viewed
     gc.collect()
     assert kept_bytes() == 4 * KEEP_FROM_BYTES  # it comes back once nothing views it
+
+
+def test_new_array_takes_the_pool_for_numpy_and_the_module_s_own_empty_otherwise():
+    class OtherModule:  # a stand-in for CuPy, whose memory pool keeps GPU memory itself
+        @staticmethod
+        def empty(count, dtype):
+            return ("empty", count, dtype)
+
+    dtype = np.dtype(np.float32)
+    host = result_memory.new_array(np, KEEP_FROM_BYTES, dtype)
+    assert not host.flags.owndata and host.size == KEEP_FROM_BYTES  # a view of a kept block
+    assert result_memory.new_array(OtherModule, 7, dtype) == ("empty", 7, dtype)
