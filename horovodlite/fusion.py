@@ -38,7 +38,7 @@ from .algorithms.scratch import scratch
 from .buffers import DTYPES_BY_NAME, device_module, synchronize_device
 from .ops import ReduceOp, combined_as, result_factor
 from .result_memory import new_array
-from .staging import copy_in, deliver, deliver_together, host_scratch, scale, staged
+from .staging import copy_in, copy_parts, deliver, host_scratch, scale, staged
 from .state import current
 from .transport import select
 
@@ -145,8 +145,9 @@ class Layout:
         buffer: the fusion buffer that holds the pieces that do not lie where they are (empty
             if none).
         copied: the entries copied into `buffer`, one after another from its start.
-        results: per entry, where its result is: None for the array itself (reduced where it
-            lies), else its part of `buffer`.
+        offsets: per entry, where its result is: None for the array itself (reduced where it
+            lies), else the element where its part of `buffer` starts (`Layout.part`; no slice
+            is made until one is needed: a CuPy slice costs microseconds).
         copy_back: per entry, whether its result is copied back into the entry's array.
         source: for one out-of-place array reduced straight into `buffer`, the input; else None.
         factor_on_copy_back: the result factor is applied as results are copied back (every
@@ -157,10 +158,15 @@ class Layout:
     lying: list
     buffer: object
     copied: list
-    results: list
+    offsets: list
     copy_back: list
     source: object = None
     factor_on_copy_back: bool = False
+
+    def part(self, i: int, entry: "FusionEntry"):
+        """Return entry `i`'s part of the buffer, flat."""
+        start = self.offsets[i]
+        return self.buffer[start : start + entry.array.size]
 
 
 def lay_out(entries: list, xp, module, takes_pieces: bool, takes_source: bool = True) -> Layout:
@@ -177,28 +183,27 @@ def lay_out(entries: list, xp, module, takes_pieces: bool, takes_source: bool = 
     own = [adjacent_span(group) if on_device else None for group in groups]
     buffered = [e for group, mine in zip(groups, own) if mine is None for e in group]
     buffer = _buffer(buffered, xp, module)
-    pieces, results, offset = [], [], 0
+    pieces, offsets, offset = [], [], 0
     for group, mine in zip(groups, own):
         if mine is not None:
             pieces.append(mine)
-            results += [None] * len(group)
+            offsets += [None] * len(group)
             continue
         start = offset
         for entry in group:
-            size = entry.array.size
-            results.append(buffer[offset : offset + size])
-            offset += size
+            offsets.append(offset)
+            offset += entry.array.size
         pieces.append(buffer[start:offset])
     copy_back = [
-        part is not None and (entry.inplace or not on_device)
-        for entry, part in zip(entries, results)
+        start is not None and (entry.inplace or not on_device)
+        for entry, start in zip(entries, offsets)
     ]
     return Layout(
         pieces,
         [mine is not None for mine in own],
         buffer,
         buffered,
-        results,
+        offsets,
         copy_back,
         factor_on_copy_back=not takes_pieces and all(copy_back),
     )
@@ -215,10 +220,10 @@ def _lay_out_one(entry: FusionEntry, xp, module, takes_source: bool) -> Layout:
         if takes_source and not entry.inplace and entry.prescale == 1.0:
             if array.flags.c_contiguous:
                 result = new_array(module, array.size, array.dtype)
-                return Layout([result], [False], result, [], [result], [False], array.reshape(-1))
+                return Layout([result], [False], result, [], [0], [False], array.reshape(-1))
     buffer = _buffer([entry], xp, module)
     back = entry.inplace or not on_device
-    return Layout([buffer], [False], buffer, [entry], [buffer], [back], None, back)
+    return Layout([buffer], [False], buffer, [entry], [0], [back], None, back)
 
 
 def _buffer(buffered: list, xp, module):
@@ -282,24 +287,22 @@ def fused_allreduce(comm, entries: list, timeline=None) -> list:
 
 def _results(entries: list, layout: Layout, module, factor: float, span) -> list:
     """Hand each entry its result as the layout says: itself, a view, or a copy back."""
-    if not any(layout.copy_back):
+    offsets, copy_back = layout.offsets, layout.copy_back
+    if not any(copy_back):
         return [
-            entry.array if part is None else _shaped(part, entry.array)
-            for entry, part in zip(entries, layout.results)
+            entry.array if start is None else _shaped(layout.part(i, entry), entry.array)
+            for i, (entry, start) in enumerate(zip(entries, offsets))
         ]
-    results = []
     with span("MEMCPY_OUT_FUSION_BUFFER"):
-        if module is not np and _delivered_together(entries, layout, module, factor):
-            return [
-                entry.array if back or part is None else _shaped(part, entry.array)
-                for entry, part, back in zip(entries, layout.results, layout.copy_back)
-            ]
-        for entry, part, back in zip(entries, layout.results, layout.copy_back):
-            if part is None:
+        together = module is not np and _delivered_together(entries, layout, module, factor)
+        results = []
+        for i, entry in enumerate(entries):
+            if offsets[i] is None or (together and copy_back[i]):
                 results.append(entry.array)
-            elif not back:
-                results.append(_shaped(part, entry.array))
+            elif not copy_back[i]:
+                results.append(_shaped(layout.part(i, entry), entry.array))
             else:
+                part = layout.part(i, entry)
                 results.append(deliver(part, entry.array, entry.xp, entry.inplace, factor=factor))
     return results
 
@@ -312,13 +315,17 @@ def _shaped(part, array):
 
 def _delivered_together(entries: list, layout: Layout, module, factor: float) -> bool:
     """Copy a GPU batch's results back into their in-place arrays in one launch, if it can
-    (staging.deliver_together); a single array takes the one copy deliver() makes."""
-    pairs = [
-        (part, entry.array)
-        for entry, part, back in zip(entries, layout.results, layout.copy_back)
-        if back
-    ]
-    return len(pairs) > 1 and deliver_together(pairs, module, factor)
+    (staging.copy_parts: contiguous arrays, and a factor only on float32 and float64); a single
+    array takes the one copy deliver() makes."""
+    back = [i for i, flag in enumerate(layout.copy_back) if flag]
+    arrays = [entries[i].array for i in back]
+    if len(arrays) < 2 or not all(array.flags.c_contiguous for array in arrays):
+        return False
+    start, itemsize = layout.buffer.data.ptr, layout.buffer.dtype.itemsize
+    sources = [start + layout.offsets[i] * itemsize for i in back]
+    targets = [array.data.ptr for array in arrays]
+    counts = [array.size for array in arrays]
+    return copy_parts(module, arrays[0].dtype, sources, targets, counts, factor)
 
 
 def _piece_groups(entries: list) -> list:

@@ -19,7 +19,7 @@ __all__ = [
     "copy_in",
     "host_scratch",
     "deliver",
-    "deliver_together",
+    "copy_parts",
     "scale",
     "OWN_PRECISION_SCALES",
 ]
@@ -49,12 +49,14 @@ def copy_in(dest, arrays: list, xp, prescale: float) -> None:
     `dest` is of module `xp`, or a host array where GPU arrays are staged: those are joined on
     the GPU first and cross to the host in one copy.
     """
-    staging = xp is not np and isinstance(dest, np.ndarray)
+    staging = xp is not np and type(dest) is np.ndarray  # (our own pinned buffer)
     module = xp if not staging else np
     if xp is np and prescale == 1.0:
         # One call, not one slice assignment each; numpy flattens them itself (axis None), at
         # half the cost of a reshape each for 1-D arrays.
         np.concatenate(arrays, axis=None, out=dest)
+        return
+    if module is not np and _gathered(dest, arrays, xp, prescale):
         return
     flat = [array.reshape(-1) for array in arrays]
     if staging:
@@ -70,6 +72,21 @@ def copy_in(dest, arrays: list, xp, prescale: float) -> None:
             module.multiply(part, _factor_type(module, part.dtype)(prescale), out=target,
                             casting="unsafe")  # fmt: skip
             offset += part.size
+
+
+def _gathered(dest, arrays: list, xp, prescale: float) -> bool:
+    """Copy GPU `arrays` into `dest` in one launch (copy_parts) if they are all contiguous."""
+    if len(arrays) < 2 or not all(array.flags.c_contiguous for array in arrays):
+        return False  # (one array: CuPy's own copy is one launch too)
+    sources, targets, counts = [], [], []
+    address, itemsize = dest.data.ptr, dest.dtype.itemsize
+    for array in arrays:
+        size = array.size
+        sources.append(array.data.ptr)
+        targets.append(address)
+        counts.append(size)
+        address += size * itemsize
+    return copy_parts(xp, dest.dtype, sources, targets, counts, prescale)
 
 
 _pinned = threading.local()
@@ -115,11 +132,12 @@ def deliver(buf, array, xp, inplace: bool, shape=None, factor: float = 1.0):
     return array
 
 
-# One launch copies every part of a GPU batch back into its array, where one copy each costs a
-# launch (and CuPy's Python around it) per array: 161 for ResNet-50's gradients. Block row y
-# copies part y; T is the element type (an unsigned integer of its width for plain copies).
-_COPY_BACK = r"""
-extern "C" __global__ void copy_back(const unsigned long long* table, int n, T factor, int scaled) {
+# One launch copies every part of a GPU batch, into the fusion buffer or back out of it, where
+# one copy each costs a launch and CuPy's Python around it (its slices, reshapes and
+# concatenate): 161 of each for ResNet-50's gradients. Block row y copies part y, given by
+# addresses; T is the element type (an unsigned integer of its width for plain copies).
+_COPY_PARTS = r"""
+extern "C" __global__ void copy_parts(const unsigned long long* table, int n, T factor, int scaled) {
     const int part = blockIdx.y;
     const T* source = (const T*)table[part];
     T* target = (T*)table[n + part];
@@ -139,27 +157,24 @@ OWN_PRECISION_SCALES = frozenset(_SCALED_TYPES)
 _kernels: dict = {}
 
 
-def deliver_together(pairs: list, xp, factor: float = 1.0) -> bool:
-    """Copy each (flat part, in-place GPU array) of a fused batch into its array, times
-    `factor`, in one kernel launch; return False, having copied nothing, where it cannot
-    (a strided array, a factor on a type other than float32 and float64): deliver() each then.
+def copy_parts(xp, dtype, sources: list, targets: list, counts: list, factor: float = 1.0) -> bool:
+    """Copy `counts[i]` elements of `dtype` from GPU address `sources[i]` to `targets[i]`, for
+    every i, times `factor`, in one kernel launch on CuPy's (`xp`) current stream; return False,
+    having copied nothing, where it cannot (a factor on a type other than float32 and float64):
+    copy each part then.
 
-    The factor is applied in the array's own precision, as scale() does.
+    The factor is applied in the dtype's own precision, as scale() does.
     """
-    dtype = pairs[0][1].dtype
     scaled = factor != 1.0
     name = _SCALED_TYPES.get(dtype) if scaled else _PLAIN_TYPES.get(dtype.itemsize)
-    if name is None or len(pairs) > 65535 or not all(a.flags.c_contiguous for _, a in pairs):
+    n = len(counts)
+    if name is None or not 0 < n <= 65535:  # (65535: the most block rows a grid has)
         return False
     kernel = _kernels.get(name)
     if kernel is None:
-        kernel = _kernels[name] = xp.RawKernel(f"typedef {name} T;\n{_COPY_BACK}", "copy_back")
-    table = np.empty(3 * len(pairs), dtype=np.uint64)
-    n = len(pairs)
-    for i, (part, array) in enumerate(pairs):
-        table[i], table[n + i], table[2 * n + i] = part.data.ptr, array.data.ptr, part.size
-    longest = max(part.size for part, _ in pairs)
-    blocks = min((longest + 255) // 256, 1024)
+        kernel = _kernels[name] = xp.RawKernel(f"typedef {name} T;\n{_COPY_PARTS}", "copy_parts")
+    table = np.array(sources + targets + counts, dtype=np.uint64)
+    blocks = min((max(counts) + 255) // 256, 1024)
     value = dtype.type(factor) if scaled else np.dtype(f"u{dtype.itemsize}").type(0)
     kernel((max(blocks, 1), n), (256,), (xp.asarray(table), np.int32(n), value, np.int32(scaled)))
     return True

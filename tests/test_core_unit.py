@@ -6,6 +6,8 @@ import sys
 import textwrap
 import warnings
 
+from contextlib import nullcontext
+
 import numpy as np
 import pytest
 
@@ -348,7 +350,7 @@ def test_one_in_place_array_on_a_device_is_reduced_where_it_lies():
     entry = FusionEntry(x, device, True, ReduceOp.SUM, 1.0, 1.0, None)
     layout = lay_out([entry], device, device, False)
     assert np.shares_memory(layout.pieces[0], x) and layout.lying == [True]
-    assert not layout.copied and layout.results == [None] and layout.copy_back == [False]
+    assert not layout.copied and layout.offsets == [None] and layout.copy_back == [False]
 
 
 class _OnDevice(np.ndarray):
@@ -362,15 +364,15 @@ class _OnDevice(np.ndarray):
 
 
 class _Kernel:
-    """Runs copy_back's arithmetic on the host, from the table the caller built, as the GPU
-    would: part y of the grid copies table[y] to table[n + y], table[2n + y] elements."""
+    """Runs copy_parts's arithmetic on the host, from the table the caller built, as the GPU
+    would: part y of the grid copies table[n + y] elements from table[y] to table[2n + y]."""
 
     TYPES = {"float": np.float32, "double": np.float64, "unsigned char": np.uint8,
              "unsigned short": np.uint16, "unsigned int": np.uint32,
              "unsigned long long": np.uint64}  # fmt: skip
 
     def __init__(self, source: str, name: str):
-        assert name == "copy_back" and "__global__ void copy_back" in source
+        assert name == "copy_parts" and "__global__ void copy_parts" in source
         self.type = np.dtype(self.TYPES[source.split("typedef ")[1].split(" T;")[0]])
         self.launches = 0
 
@@ -389,37 +391,81 @@ class _Kernel:
         self.launches += 1
 
 
-def test_a_gpu_batch_comes_back_in_one_launch(monkeypatch):
+def _fake_device(kernels: list):
+    """A stand-in for CuPy whose arrays are host arrays that answer `.data.ptr`."""
     import types
 
+    return types.SimpleNamespace(
+        __name__="device",
+        RawKernel=lambda source, name: kernels.append(_Kernel(source, name)) or kernels[-1],
+        asarray=np.array,
+        empty=lambda count, dtype: np.empty(count, dtype).view(_OnDevice),
+    )
+
+
+def test_gpu_parts_are_copied_in_one_launch(monkeypatch):
     from horovodlite import staging
 
     kernels = []
-    device = types.SimpleNamespace(
-        RawKernel=lambda source, name: kernels.append(_Kernel(source, name)) or kernels[-1],
-        asarray=np.array,
-    )
+    device = _fake_device(kernels)
     monkeypatch.setattr(staging, "_kernels", {})
     buffer = np.arange(1.0, 10.0, dtype=np.float32).view(_OnDevice)
     arrays = [np.zeros(s, np.float32).view(_OnDevice) for s in ((2, 2), (0,), (5,))]
     parts = [buffer[:4], buffer[4:4], buffer[4:9]]
-    assert staging.deliver_together(list(zip(parts, arrays)), device, 0.5)
+    address = lambda a: a.data.ptr  # noqa: E731
+    assert staging.copy_parts(device, buffer.dtype, [address(p) for p in parts],
+                              [address(a) for a in arrays], [a.size for a in arrays], 0.5)  # fmt: skip
     assert arrays[0].tolist() == [[0.5, 1.0], [1.5, 2.0]] and arrays[2][-1] == 4.5
     assert len(kernels) == 1 and kernels[0].launches == 1
     # Plain copies take any dtype as bits; the kernel is made once per element type.
     halves = [np.zeros(3, np.float16).view(_OnDevice) for _ in range(2)]
     source = np.arange(6, dtype=np.float16).view(_OnDevice)
-    assert staging.deliver_together([(source[:3], halves[0]), (source[3:], halves[1])], device)
+    targets = [address(h) for h in halves]
+    assert staging.copy_parts(device, source.dtype, [address(source[:3]), address(source[3:])],
+                              targets, [3, 3])  # fmt: skip
     assert halves[1].tolist() == [3.0, 4.0, 5.0] and len(kernels) == 2
-    # What one copy each (deliver) must do instead: a strided array, a factor on float16
-    # (scale() rounds those its own way) or on integers (which truncate).
-    strided = np.zeros((2, 4), np.float32).view(_OnDevice)[:, ::2]
-    assert not staging.deliver_together([(parts[0], strided), (parts[2], arrays[2])], device)
-    pair = [(source[:3], halves[0])] * 2
-    assert not staging.deliver_together(pair, device, 0.5)
+    # What one copy each must do instead: a factor on float16 (scale() rounds those its own
+    # way) or on integers (which truncate); no parts at all.
+    assert not staging.copy_parts(device, source.dtype, [address(source)], targets[:1], [3], 0.5)
     ints = np.zeros(3, np.int32).view(_OnDevice)
-    assert not staging.deliver_together([(ints, ints)] * 2, device, 0.5)
+    assert not staging.copy_parts(device, ints.dtype, [address(ints)], [address(ints)], [3], 0.5)
+    assert not staging.copy_parts(device, ints.dtype, [], [], [])
     assert kernels[1].launches == 1  # nothing ran for those
+    # copy_in gathers contiguous arrays into the fusion buffer in one launch, scaled on the way.
+    dest = np.zeros(9, np.float32).view(_OnDevice)
+    inputs = [np.full(s, v, np.float32).view(_OnDevice) for s, v in (((2, 2), 1), (0, 5), (5, 2))]
+    staging.copy_in(dest, inputs, device, 3.0)
+    assert dest.tolist() == [3.0] * 4 + [6.0] * 5 and kernels[0].launches == 2
+
+
+def test_a_gpu_batch_is_copied_in_and_back_in_one_launch_each(monkeypatch):
+    from horovodlite import fusion, staging
+    from horovodlite.fusion import FusionEntry, lay_out
+
+    kernels = []
+    device = _fake_device(kernels)
+    monkeypatch.setattr(staging, "_kernels", {})
+    shapes = [(2, 3), (1,), (4,), (2, 2)]
+    for inplace in ([True, False, True, True], [True] * 4):
+        arrays = [np.arange(np.prod(s), dtype=np.float32).reshape(s).view(_OnDevice) + k
+                  for k, s in enumerate(shapes)]  # fmt: skip
+        wanted = [a * 2 * 0.25 for a in arrays]  # "two ranks" summed, then a factor of 0.25
+        entries = [FusionEntry(a, device, i, ReduceOp.SUM, 1.0, 1.0, None)
+                   for a, i in zip(arrays, inplace)]  # fmt: skip
+        layout = lay_out(entries, device, device, False)
+        assert layout.offsets == [0, 6, 7, 11] and layout.copy_back == inplace
+        staging.copy_in(layout.buffer, [e.array for e in layout.copied], device, 1.0)
+        # What the transport makes of two ranks holding the same data: a Sum, and the factor
+        # where results are not all copied back (fusion.fused_allreduce).
+        layout.buffer *= 2 if layout.factor_on_copy_back else 0.5
+        factor = 0.25 if layout.factor_on_copy_back else 1.0
+        results = fusion._results(entries, layout, device, factor, lambda phase: nullcontext())
+        for result, array, want, own in zip(results, arrays, wanted, inplace):
+            assert result.shape == want.shape and np.array_equal(result, want)
+            assert (result is array) == own  # in place: the array itself; else a buffer view
+    # One plain kernel: the copies in, and the mixed batch's copy back; one scaled: the copy
+    # back with the factor applied on the way.
+    assert [k.launches for k in kernels] == [3, 1]
 
 
 def test_layout_of_a_batch_decides_each_array_once():
@@ -429,7 +475,7 @@ def test_layout_of_a_batch_decides_each_array_once():
     adjacent = [flat[:4], flat[4:]]
     layout = lay_out(_fusion_entries(adjacent, True), np, np, False)
     assert len(layout.pieces) == 1 and np.shares_memory(layout.pieces[0], flat)
-    assert layout.results == [None, None] and not layout.copied
+    assert layout.offsets == [None, None] and not layout.copied
     apart = [np.zeros(3), np.zeros(2), np.zeros(4)]
     # Mixed: the out-of-place result is a view of a new buffer; the in-place ones come back.
     layout = lay_out(_fusion_entries(apart, [True, False, True]), np, np, False)
@@ -442,7 +488,7 @@ def test_layout_of_a_batch_decides_each_array_once():
     layout = lay_out(_fusion_entries(batch, True), np, np, True)
     assert [p.size for p in layout.pieces] == [5, 40000, 4]
     assert layout.lying == [False, True, True] and layout.copy_back == [True, True, False, False]
-    assert np.shares_memory(layout.pieces[1], large) and layout.results[2] is None
+    assert np.shares_memory(layout.pieces[1], large) and layout.offsets[2] is None
 
 
 def test_pieces_slices_within_a_piece_and_the_ring_cuts_its_segments_at_their_borders():
