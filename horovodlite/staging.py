@@ -137,7 +137,8 @@ def deliver(buf, array, xp, inplace: bool, shape=None, factor: float = 1.0):
 # concatenate): 161 of each for ResNet-50's gradients. Block row y copies part y, given by
 # addresses; T is the element type (an unsigned integer of its width for plain copies).
 _COPY_PARTS = r"""
-extern "C" __global__ void copy_parts(const unsigned long long* table, int n, T factor, int scaled) {
+extern "C" __global__
+void copy_parts(const unsigned long long* table, int n, T factor, int scaled) {
     const int part = blockIdx.y;
     const T* source = (const T*)table[part];
     T* target = (T*)table[n + part];
