@@ -195,11 +195,14 @@ def test_gpu_fused_engine_buffers(route):
 @needs_cupy
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32])
 def test_gpu_fused_in_place_batches_come_back_scaled(route, dtype):
-    # In-place arrays of one batch come back from the fusion buffer together (one launch for
-    # float32 and float64, and for plain copies of any dtype) or one by one (a factor on
-    # float16 or on integers, a strided array among them), postscale applied on the way.
+    # In-place arrays of one batch go into the fusion buffer and come back from it together
+    # (one launch each way for float32 and float64, and for plain copies of any dtype) or one
+    # by one (a factor on float16 or on integers, a strided array among them), the prescale
+    # applied on the way in, the postscale on the way back.
     r = hvd.rank()
-    for factor in (1.0, 2.0 if np.dtype(dtype).kind == "i" else 0.5):
+    factors = [(1.0, 1.0), (1.0, 2.0 if np.dtype(dtype).kind == "i" else 0.5)]
+    factors.append(factors[-1][::-1])
+    for prescale, factor in factors:
         for with_strided in (False, True):
             shapes = [(3,), (2, 5), (1,), (4, 4)]
             arrays = [on_gpu(rank_values(shape, dtype, r, seed=49 + k))
@@ -208,12 +211,13 @@ def test_gpu_fused_in_place_batches_come_back_scaled(route, dtype):
                 arrays.append(on_gpu(rank_values((4, 6), dtype, r, seed=59))[:, ::2])
             inputs = [everyone(cupy.asnumpy(a)) for a in arrays]
             handles = [
-                hvd.allreduce_async_(a, op=hvd.Sum, postscale_factor=factor, name=f"inplace.{k}")
+                hvd.allreduce_async_(a, op=hvd.Sum, prescale_factor=prescale,
+                                     postscale_factor=factor, name=f"inplace.{k}")  # fmt: skip
                 for k, a in enumerate(arrays)
             ]
             for array, handle, values in zip(arrays, handles, inputs):
                 assert hvd.synchronize(handle) is array
-                expected = reduce_expected(values, hvd.Sum, postscale=factor)
+                expected = reduce_expected(values, hvd.Sum, prescale, factor)
                 np.testing.assert_array_equal(cupy.asnumpy(array), expected)
 
 
