@@ -108,13 +108,18 @@ def _saved_inputs(ctx):
 # its reduce arguments into one mapping, and hands it on by keyword.
 
 
-def _allreduce_async(tensors: list, *, name, args: dict, inplace: bool, grouped: bool) -> Handle:
-    """Start one all-reduce of `tensors` (a single one, or a fused group); return a Handle."""
+def _allreduce_one_async(tensor, *, name, args: dict, inplace: bool) -> Handle:
+    """Start an all-reduce of `tensor`; return a Handle (a backward pass makes one a gradient)."""
+    view = TensorView(tensor)
+    if inplace:
+        return Handle(core.allreduce_async_(view.array, name=name, **args), view.write_back)
+    return Handle(core.allreduce_async(view.array, name=name, **args), view.to_tensor)
+
+
+def _allreduce_async(tensors: list, *, name, args: dict, inplace: bool) -> Handle:
+    """Start one fused all-reduce of `tensors` (a group); return a Handle of their list."""
     views = [TensorView(t) for t in tensors]
     finish = [v.write_back if inplace else v.to_tensor for v in views]
-    if not grouped:
-        start = core.allreduce_async_ if inplace else core.allreduce_async
-        return Handle(start(views[0].array, name=name, **args), finish[0])
     handle = core.grouped_allreduce_async(
         [v.array for v in views], name=name, inplace=inplace, **args
     )
@@ -157,7 +162,7 @@ def allreduce_async(
 ) -> Handle:
     """Start an all-reduce of `tensor` into a new tensor; return a Handle."""
     args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
-    return _allreduce_async([tensor], name=name, args=args, inplace=False, grouped=False)
+    return _allreduce_one_async(tensor, name=name, args=args, inplace=False)
 
 
 def allreduce_async_(
@@ -171,7 +176,7 @@ def allreduce_async_(
 ) -> Handle:
     """Start an in-place all-reduce of `tensor`; return a Handle."""
     args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
-    return _allreduce_async([tensor], name=name, args=args, inplace=True, grouped=False)
+    return _allreduce_one_async(tensor, name=name, args=args, inplace=True)
 
 
 class _Allreduce(torch.autograd.Function):
@@ -234,7 +239,7 @@ def grouped_allreduce_async(
 ) -> Handle:
     """Start an all-reduce of every tensor in `tensors` (fused); return a Handle of the list."""
     args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
-    return _allreduce_async(list(tensors), name=name, args=args, inplace=inplace, grouped=True)
+    return _allreduce_async(list(tensors), name=name, args=args, inplace=inplace)
 
 
 def grouped_allreduce_async_(
@@ -248,7 +253,7 @@ def grouped_allreduce_async_(
 ) -> Handle:
     """In-place grouped_allreduce_async()."""
     args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
-    return _allreduce_async(list(tensors), name=name, args=args, inplace=True, grouped=True)
+    return _allreduce_async(list(tensors), name=name, args=args, inplace=True)
 
 
 class _GroupedAllreduce(torch.autograd.Function):

@@ -125,20 +125,35 @@ def _cupy_view(tensor: torch.Tensor):
     microseconds where DLPack's exchange costs tens (torch's Python side looks the streams up
     and compares them). Otherwise DLPack orders CuPy's stream after torch's with an event.
     """
-    import cupy  # optional: only CUDA tensors need it, and _CUPY says it is there
-
+    cupy = _cupy_module or _load_cupy()
     dtype = _NUMPY_DTYPES.get(tensor.dtype)
+    count = tensor.numel()
+    index = tensor.get_device()
     if not (
         dtype is not None
-        and tensor.numel()
+        and count
         and tensor.is_contiguous()
-        and _on_default_stream(tensor)
-        and cupy.cuda.get_current_stream().ptr == 0
+        and _default_is_current(index)
+        and _cupy_stream().ptr == 0
     ):
         return cupy.from_dlpack(tensor)
-    nbytes = tensor.numel() * dtype.itemsize
-    memory = cupy.cuda.UnownedMemory(tensor.data_ptr(), nbytes, tensor, tensor.get_device())
-    return cupy.ndarray(tuple(tensor.shape), dtype, cupy.cuda.MemoryPointer(memory, 0))
+    memory = _UnownedMemory(tensor.data_ptr(), count * dtype.itemsize, tensor, index)
+    return cupy.ndarray(tuple(tensor.shape), dtype, _MemoryPointer(memory, 0))
+
+
+_cupy_module = None
+
+
+def _load_cupy():
+    """Import CuPy (optional: only CUDA tensors need it, and _CUPY says it is there) and bind
+    the names _cupy_view takes from it on every call, once."""
+    global _cupy_module, _cupy_stream, _UnownedMemory, _MemoryPointer
+    import cupy
+
+    _cupy_stream = cupy.cuda.get_current_stream
+    _UnownedMemory, _MemoryPointer = cupy.cuda.UnownedMemory, cupy.cuda.MemoryPointer
+    _cupy_module = cupy
+    return cupy
 
 
 # (device index) -> (stream id, device index, device type), what torch.cuda's current_stream()
@@ -149,7 +164,11 @@ _default_stream = getattr(torch._C, "_cuda_getDefaultStream", None)
 
 def _on_default_stream(tensor: torch.Tensor) -> bool:
     """Return whether torch's current stream on `tensor`'s GPU is its default stream."""
-    index = tensor.get_device()
+    return _default_is_current(tensor.get_device())
+
+
+def _default_is_current(index: int) -> bool:
+    """Return whether torch's current stream on GPU `index` is its default stream."""
     if _current_stream is None or _default_stream is None:
         return torch.cuda.current_stream(index) == torch.cuda.default_stream(index)
     return _current_stream(index)[0] == _default_stream(index)[0]
