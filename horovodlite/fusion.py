@@ -146,8 +146,8 @@ class Layout:
             if none).
         copied: the entries copied into `buffer`, one after another from its start.
         offsets: per entry, where its result is: None for the array itself (reduced where it
-            lies), else the element where its part of `buffer` starts (`Layout.part`; no slice
-            is made until one is needed: a CuPy slice costs microseconds).
+            lies), else the element where its part of `buffer` starts (no slice is made until
+            one is needed: a CuPy slice costs microseconds).
         copy_back: per entry, whether its result is copied back into the entry's array.
         source: for one out-of-place array reduced straight into `buffer`, the input; else None.
         factor_on_copy_back: the result factor is applied as results are copied back (every
@@ -162,11 +162,6 @@ class Layout:
     copy_back: list
     source: object = None
     factor_on_copy_back: bool = False
-
-    def part(self, i: int, entry: "FusionEntry"):
-        """Return entry `i`'s part of the buffer, flat."""
-        start = self.offsets[i]
-        return self.buffer[start : start + entry.array.size]
 
 
 def lay_out(entries: list, xp, module, takes_pieces: bool, takes_source: bool = True) -> Layout:
@@ -287,23 +282,26 @@ def fused_allreduce(comm, entries: list, timeline=None) -> list:
 
 def _results(entries: list, layout: Layout, module, factor: float, span) -> list:
     """Hand each entry its result as the layout says: itself, a view, or a copy back."""
-    offsets, copy_back = layout.offsets, layout.copy_back
+    buffer, offsets, copy_back = layout.buffer, layout.offsets, layout.copy_back
     if not any(copy_back):
         return [
-            entry.array if start is None else _shaped(layout.part(i, entry), entry.array)
-            for i, (entry, start) in enumerate(zip(entries, offsets))
+            entry.array if start is None else _shaped(buffer[start : start + entry.array.size],
+                                                      entry.array)  # fmt: skip
+            for entry, start in zip(entries, offsets)
         ]
     with span("MEMCPY_OUT_FUSION_BUFFER"):
         together = module is not np and _delivered_together(entries, layout, module, factor)
         results = []
-        for i, entry in enumerate(entries):
-            if offsets[i] is None or (together and copy_back[i]):
-                results.append(entry.array)
-            elif not copy_back[i]:
-                results.append(_shaped(layout.part(i, entry), entry.array))
+        for entry, start, back in zip(entries, offsets, copy_back):
+            array = entry.array
+            if start is None or (together and back):
+                results.append(array)
+                continue
+            part = buffer[start : start + array.size]
+            if back:
+                results.append(deliver(part, array, entry.xp, entry.inplace, factor=factor))
             else:
-                part = layout.part(i, entry)
-                results.append(deliver(part, entry.array, entry.xp, entry.inplace, factor=factor))
+                results.append(_shaped(part, array))
     return results
 
 
