@@ -1,0 +1,69 @@
+"""Where ResNet-50's 161 fused async gradients spend their time on the GPU, at 1 rank:
+submit (the caller's loop of allreduce_async_) against the wait, then cProfile of the caller
+and of the engine thread. Usage: mpiexec -n 1 python3 fused_parts.py OUTDIR"""
+import cProfile, os, pstats, statistics, sys, time
+import torch, torchvision
+from horovodlite import engine as E
+import horovodlite.torch as hvd
+
+out = sys.argv[1] if len(sys.argv) > 1 else "."
+PROFILE = os.environ.get("PARTS_PROFILE", "1") == "1"
+engine_prof = cProfile.Profile()
+_run = E.Engine._run
+def _profiled_run(self):
+    if PROFILE:
+        engine_prof.enable()
+    try:
+        _run(self)
+    finally:
+        engine_prof.disable()
+E.Engine._run = _profiled_run
+
+hvd.init()
+DEV = os.environ.get("PARTS_DEV", "cuda")
+if DEV == "cuda":
+    torch.cuda.set_device(0)
+def cuda_sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+grads = [torch.randn(p.shape, device=DEV) for p in torchvision.models.resnet50().parameters()]
+if os.environ.get("PARTS_CORE") == "1":
+    # The core alone, on the binding's CuPy (or numpy) views made once: what the binding adds
+    # per request is the difference.
+    import horovodlite as core
+    from horovodlite.torch.tensors import TensorView
+    views = [TensorView(g).array for g in grads]
+    def submit():
+        return [core.allreduce_async_(v, name=f"g{i}") for i, v in enumerate(views)]
+    def wait(hs):
+        for h in hs:
+            core.synchronize(h)
+else:
+    def submit():
+        return [hvd.allreduce_async_(g, name=f"g{i}") for i, g in enumerate(grads)]
+    def wait(hs):
+        for h in hs:
+            hvd.synchronize(h)
+for _ in range(3):
+    wait(submit())
+cuda_sync()
+if PROFILE:
+    main_prof = cProfile.Profile()
+    main_prof.enable()
+    for _ in range(30):
+        wait(submit())
+    main_prof.disable()
+    hvd.shutdown()
+    for name, p in (("main", main_prof), ("engine", engine_prof)):
+        with open(os.path.join(out, f"prof_fused_{name}.txt"), "w") as f:
+            s = pstats.Stats(p, stream=f); s.sort_stats("tottime").print_stats(45); s.sort_stats("cumulative").print_stats(45)
+    print("PARTS profiles written", flush=True)
+    sys.exit()
+sub, tot = [], []
+for _ in range(30):
+    cuda_sync()
+    t0 = time.perf_counter(); hs = submit(); t1 = time.perf_counter(); wait(hs); cuda_sync(); t2 = time.perf_counter()
+    sub.append(t1 - t0); tot.append(t2 - t0)
+print(f"PARTS {'core' if os.environ.get('PARTS_CORE') == '1' else 'torch'} submit {statistics.median(sub)*1e3:.2f} ms, whole {statistics.median(tot)*1e3:.2f} ms "
+      f"({statistics.median(sub)/161*1e6:.1f} / {statistics.median(tot)/161*1e6:.1f} us per gradient)", flush=True)
+hvd.shutdown()
