@@ -1,9 +1,11 @@
 """What the torch binding's pieces cost per call on a CUDA tensor (µs, best of 5 x 20000)."""
+
 import timeit
-import numpy as np
-import torch
+
 import cupy
 import horovodlite.torch as hvd
+import numpy as np
+import torch
 from horovodlite.torch import tensors as T
 
 hvd.init()
@@ -25,7 +27,12 @@ cases = {
     "MemoryPointer": lambda: cupy.cuda.MemoryPointer(mem, 0),
     "get_current_stream().ptr": lambda: cupy.cuda.get_current_stream().ptr,
     "_default_is_current(0)": lambda: T._default_is_current(0),
-    "t.numel/get_device/is_contiguous/data_ptr": lambda: (t.numel(), t.get_device(), t.is_contiguous(), t.data_ptr()),
+    "t.numel/get_device/is_contiguous/data_ptr": lambda: (
+        t.numel(),
+        t.get_device(),
+        t.is_contiguous(),
+        t.data_ptr(),
+    ),
     "increment_version": lambda: torch.autograd.graph.increment_version(t),
     "cupy array .data.ptr": lambda: view.array.data.ptr,
     "cupy array .flags.c_contiguous": lambda: view.array.flags.c_contiguous,
