@@ -141,7 +141,8 @@ def _cupy_view(tensor: torch.Tensor):
     return cupy.ndarray(tuple(tensor.shape), dtype, _MemoryPointer(memory, 0))
 
 
-_cupy_module = None
+# CuPy once imported, and what _cupy_view takes from it on every call (_load_cupy binds them).
+_cupy_module = _cupy_stream = _UnownedMemory = _MemoryPointer = None
 
 
 def _load_cupy():
