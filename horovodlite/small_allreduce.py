@@ -24,6 +24,7 @@ size (`travels_inline`, the one rule for both paths), so ranks that agree always
 way, and ranks that differ meet in the same exchange and raise.
 """
 
+import math
 import sys
 
 import numpy as np
@@ -249,6 +250,12 @@ class TensorKind:
         """Multiply a float tensor by `factor` in place."""
         raise NotImplementedError
 
+    def allreduce(self, transport, comm, out, source, op) -> None:
+        """Reduce `source` (or `out` itself, where None) into `out` with `op` (a Sum, Min, Max
+        or Product) over `comm`, whose ranks number more than one, on `transport` (one that
+        carries these tensors); `out` is contiguous and not empty."""
+        raise NotImplementedError
+
     def to_core(self, tensor):
         """Return `tensor` as a numpy or CuPy array (its memory, for the general way)."""
         raise NotImplementedError
@@ -289,8 +296,10 @@ def tensor_allreduce(tensor, kind: TensorKind, name, inplace: bool, options: dic
         route = memo[key] = _tensor_route(tensor, kind, op, name, requested, state) or _NO_ROUTE
     if route is _NO_ROUTE or not kind.contiguous(tensor):
         return None
-    own, transport, wait, xp = route
+    own, transport, wait, moves, combined, factor = route
     comm = state.comm
+    # (The result is made before the check: the time from the check to the transfer counts.)
+    out = tensor if inplace else kind.empty_like(tensor)
     if state.settings.check_metadata and not same_everywhere(comm, own, wait):
         dtype, shape, on_host = kind.describe(tensor)
         explain(comm, allreduce_fields(name, _Described(dtype, shape), op, 1.0, 1.0, requested,
@@ -298,10 +307,11 @@ def tensor_allreduce(tensor, kind: TensorKind, name, inplace: bool, options: dic
         array = kind.to_core(tensor)
         joined = _beside_joined(comm, array, _module_of(array), op, inplace, requested)
         return kind.from_core(joined, tensor, inplace)
-    out = tensor if inplace else kind.empty_like(tensor)
-    source = None if inplace else kind.flat(tensor)
-    transport.allreduce(comm, kind.flat(out), combined_as(op), xp, transport.name, None, source)
-    factor = result_factor(op, 1.0, comm.size)
+    source = None if inplace else tensor
+    if moves:
+        kind.allreduce(transport, comm, out, source, combined)
+    elif source is not None:  # one rank, or nothing to move: the result is the input
+        kind.flat(out)[...] = kind.flat(source)
     if factor != 1.0:
         kind.scale(out, factor)
     return out
@@ -326,8 +336,9 @@ class _Described:
 
 
 def _tensor_route(tensor, kind, op, name, requested, state):
-    """Return (digest, transport, wait, array module) for `tensor_allreduce`, or None where
-    its transport does not move such tensors or the kind cannot scale the result."""
+    """Return (digest, transport, wait, whether data moves, the op it combines as, the result
+    factor) for `tensor_allreduce`, or None where its transport does not move such tensors or
+    the kind cannot scale the result."""
     described = kind.describe(tensor)
     if described is None:
         return None
@@ -340,7 +351,9 @@ def _tensor_route(tensor, kind, op, name, requested, state):
     if result_factor(op, 1.0, size) != 1.0 and dtype not in OWN_PRECISION_SCALES:
         return None  # (integers truncate, and half types round, as scale() does)
     fields = allreduce_fields(name, _Described(dtype, shape), op, 1.0, 1.0, requested, on_host)
-    return digest(fields), transport, waiter(state, fields, range(size)), xp
+    moves = size > 1 and math.prod(shape) > 0
+    wait = waiter(state, fields, range(size))
+    return digest(fields), transport, wait, moves, combined_as(op), result_factor(op, 1.0, size)
 
 
 def _module_of(tensor):

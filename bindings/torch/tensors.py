@@ -106,6 +106,9 @@ class _TorchTensors(TensorKind):
     def scale(self, tensor, factor: float) -> None:
         tensor.mul_(factor)
 
+    def allreduce(self, transport, comm, out, source, op) -> None:
+        transport.allreduce_tensor(comm, out, source, op)
+
     def to_core(self, tensor):
         return TensorView(tensor).array
 

@@ -244,6 +244,19 @@ def test_torch_tensors_travel_as_they_are(no_views, dtype, op):
     assert moved_by_gloo(current().comm)
 
 
+def test_torch_scalars_and_empty_tensors_travel_as_they_are(no_views):
+    n, r = hvd.size(), hvd.rank()
+    scalar = torch.tensor(float(r + 1))
+    out = hvd.torch.allreduce(scalar, op=hvd.Sum, name="torch.scalar")
+    assert out.shape == () and out.item() == n * (n + 1) / 2 and scalar.item() == r + 1
+    assert hvd.torch.allreduce_(scalar, op=hvd.Sum, name="torch.scalar_") is scalar
+    assert scalar.item() == n * (n + 1) / 2
+    empty = torch.ones(0, 3)
+    out = hvd.torch.allreduce(empty, name="torch.empty")
+    assert type(out) is torch.Tensor and out.shape == (0, 3) and out is not empty
+    assert hvd.torch.allreduce_(empty, name="torch.empty_") is empty
+
+
 def test_torch_tensors_meet_core_arrays_of_other_ranks():
     # Ranks whose tensor is strided, or an integer Average (which truncates), go the way of core
     # arrays; they meet the ranks whose tensors travel as they are in one check and one call.

@@ -43,7 +43,7 @@ wait = state.watch.check_waiter(lambda: ("x", 1), range(comm.size))
 opts = dist.AllreduceOptions()
 opts.reduceOp = dist.ReduceOp.SUM
 args = dict(op=ReduceOp.SUM, prescale_factor=1.0, postscale_factor=1.0)
-own_r, transport_r, wait_r, _ = _tensor_route(t, TORCH_TENSORS, ReduceOp.SUM, "w", None, state)
+own_r, transport_r, wait_r = _tensor_route(t, TORCH_TENSORS, ReduceOp.SUM, "w", None, state)[:3]
 
 
 def gloo():
