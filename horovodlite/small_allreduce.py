@@ -16,8 +16,8 @@ more than MPICH's whole all-reduce (docs/benchmarks.md). Two things keep it chea
   (gloo) runs the very lines a GPU array on NCCL runs (docs/gpu.md).
 - **A framework's tensor as it is.** `tensor_allreduce` is the short path for a tensor that its
   transport moves without a numpy or CuPy view (torch's on torch's gloo and NCCL groups), told
-  how to handle it by the binding's `TensorKind`: the same check, then the same transport call
-  on the tensor itself.
+  how to handle it by the binding's `TensorKind`: the same check, then the framework's own
+  all-reduce on the tensor itself (`TensorKind.allreduce`).
 
 Whether an all-reduce travels inline depends only on what the digest covers and on the group
 size (`travels_inline`, the one rule for both paths), so ranks that agree always take the same
@@ -298,7 +298,7 @@ def tensor_allreduce(tensor, kind: TensorKind, name, inplace: bool, options: dic
         return None
     own, transport, wait, moves, combined, factor = route
     comm = state.comm
-    # (The result is made before the check: the time from the check to the transfer counts.)
+    # (Made before the check, which then leads straight to the transfer.)
     out = tensor if inplace else kind.empty_like(tensor)
     if state.settings.check_metadata and not same_everywhere(comm, own, wait):
         dtype, shape, on_host = kind.describe(tensor)

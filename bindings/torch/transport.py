@@ -122,8 +122,8 @@ class TorchTransport(GroupTransport):
         """Reduce `source` (copied into `out` first), or `out` itself where `source` is None,
         into `out` over `comm` (more ranks than one, `out` not empty): the short way's transfer
         (small_allreduce.tensor_allreduce), torch's call on the caller's stream as in `_run`,
-        with nothing else between the check and it: on a 2-core host every layer there cost
-        10-15 µs of Gloo's time (docs/benchmarks.md)."""
+        without the general all-reduce's layers, each of which cost several times its own time
+        beside Gloo on a 2-core host (docs/benchmarks.md)."""
         group = self.group(comm)
         if source is not None:
             out.copy_(source)
