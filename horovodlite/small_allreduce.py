@@ -348,12 +348,13 @@ def _tensor_route(tensor, kind, op, name, requested, state):
     if not kind.carried_by(transport):
         return None
     size = state.comm.size
-    if result_factor(op, 1.0, size) != 1.0 and dtype not in OWN_PRECISION_SCALES:
+    factor = result_factor(op, 1.0, size)
+    if factor != 1.0 and dtype not in OWN_PRECISION_SCALES:
         return None  # (integers truncate, and half types round, as scale() does)
     fields = allreduce_fields(name, _Described(dtype, shape), op, 1.0, 1.0, requested, on_host)
     moves = size > 1 and math.prod(shape) > 0
     wait = waiter(state, fields, range(size))
-    return digest(fields), transport, wait, moves, combined_as(op), result_factor(op, 1.0, size)
+    return digest(fields), transport, wait, moves, combined_as(op), factor
 
 
 def _module_of(tensor):
