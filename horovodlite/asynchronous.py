@@ -26,11 +26,13 @@ from .collectives import (
     broadcast_plan,
     reducescatter_plan,
     repeated_allreduce_plan,
+    tensor_allreduce_plan,
 )
 from .handles import Handle
 from .joining import join_collectives
 from .ops import ReduceOp
 from .process_sets import global_process_set
+from .tensor_kind import TensorKind
 
 __all__ = [
     "allreduce_async",
@@ -50,7 +52,7 @@ __all__ = [
     "barrier",
     "start_timeline",
     "stop_timeline",
-]
+]  # (tensor_allreduce_async is the bindings' own: horovodlite's top level shows these)
 
 
 def _engine():
@@ -125,6 +127,30 @@ def allreduce_async_(
         postscale_factor=postscale_factor, process_set=process_set, algorithm=algorithm,
         average=average, inplace=True,
     )  # fmt: skip
+
+
+def tensor_allreduce_async(
+    tensor,
+    kind: TensorKind,
+    *,
+    op=None,
+    name=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    algorithm=None,
+    inplace=False,
+):
+    """Start allreduce_async() of a framework's `tensor` as it is; return a Handle, or None
+    where it must go as a numpy or CuPy view (collectives.tensor_allreduce_plan says when).
+
+    A binding's way (`kind`: its tensor_kind.TensorKind) where its transport moves its tensors
+    without a view: synchronize() returns the framework's tensor, new, or `tensor` itself
+    with `inplace`. The arguments are allreduce_async()'s, less the deprecated `average`.
+    """
+    plan = tensor_allreduce_plan(tensor, kind, op, name, prescale_factor, postscale_factor,
+                                 process_set, algorithm, inplace)  # fmt: skip
+    return None if plan is None else _engine().submit_one(plan)
 
 
 def grouped_allreduce_async(

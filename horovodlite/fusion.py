@@ -35,7 +35,7 @@ from . import algorithms
 from .agreement import array_fields
 from .algorithms.pieces import Pieces
 from .algorithms.scratch import scratch
-from .buffers import DTYPES_BY_NAME, device_module, synchronize_device
+from .buffers import DTYPES_BY_NAME, array_module, device_module, synchronize_device
 from .ops import ReduceOp, combined_as, result_factor
 from .result_memory import new_array
 from .staging import copy_in, copy_parts, deliver, host_scratch, scale, staged
@@ -44,6 +44,7 @@ from .transport import select
 
 __all__ = [
     "FusionEntry",
+    "TensorEntry",
     "Layout",
     "allreduce_fields",
     "fused_allreduce",
@@ -75,6 +76,22 @@ class FusionEntry:
         collector on every call: a backward pass makes one plan per gradient.)
         """
         return fused_allreduce(comm, [self])[0]
+
+
+class TensorEntry(FusionEntry):
+    """An all-reduce of a framework's tensor that its transport moves as it is (tensor_kind.py).
+
+    `array` is the tensor itself, `kind` its binding's TensorKind, `dtype` its numpy dtype and
+    `xp` numpy for a host tensor, else transport.ON_DEVICE; `key` is the fusion key its numpy or
+    CuPy view would have, so that it fuses with arrays on the general way (the ranks batch
+    alike whichever way each of them takes).
+    """
+
+    __slots__ = ("kind", "dtype")
+
+    def __init__(self, tensor, kind, dtype, xp, inplace, op, prescale, postscale, requested, key):
+        super().__init__(tensor, xp, inplace, op, prescale, postscale, requested, key)
+        self.kind, self.dtype = kind, dtype
 
 
 def fusion_key(dtype, op, prescale, postscale, requested, xp) -> tuple:
@@ -240,6 +257,8 @@ def fused_allreduce(comm, entries: list, timeline=None) -> list:
     """
     span = timeline or (lambda phase: nullcontext())
     first = entries[0]
+    if type(first) is TensorEntry or any(type(entry) is TensorEntry for entry in entries):
+        return _tensor_batch(comm, entries, span)
     dtype, xp, op = first.array.dtype, first.xp, first.op
     # What moves the batch (transport.py): MPI by default; an Adasum stays on MPI.
     transport = select(current().settings, xp, op, dtype)
@@ -278,6 +297,67 @@ def fused_allreduce(comm, entries: list, timeline=None) -> list:
         else:
             transport.allreduce(comm, buf, combined_as(op), module, chosen, finish, layout.source)
     return _results(entries, layout, module, factor if layout.factor_on_copy_back else 1.0, span)
+
+
+def _tensor_batch(comm, entries: list, span) -> list:
+    """All-reduce a batch that holds framework tensors: as they are where every entry is one
+    of the same kind that the batch's transport carries, else on the general way through
+    their views, as the other ranks may (element for element the same reduction)."""
+    first = entries[0]
+    kind = getattr(first, "kind", None)
+    if kind is None or not all(type(e) is TensorEntry and e.kind is kind for e in entries):
+        return _through_views(comm, entries, span)
+    op, prescale = first.op, first.prescale
+    transport = select(current().settings, first.xp, op, first.dtype)
+    if not kind.carried_by(transport):
+        return _through_views(comm, entries, span)
+    factor = result_factor(op, first.postscale, comm.size)
+    moves = comm.size > 1 and any(entry.array.nbytes for entry in entries)
+    combined = combined_as(op)
+    if len(entries) == 1:  # reduced where it lies, or straight into its result
+        tensor, inplace = first.array, first.inplace
+        out, source = (tensor, None) if inplace else (kind.empty_like(tensor), tensor)
+        if prescale != 1.0 and source is not None:
+            kind.flat(out)[...] = kind.flat(source)
+            source = None
+        if prescale != 1.0:
+            kind.scale(out, prescale)
+        with span(f"ALLREDUCE_{transport.name.upper()}"):
+            if moves:
+                kind.allreduce(transport, comm, out, source, combined)
+            elif source is not None:
+                kind.flat(out)[...] = kind.flat(source)
+        if factor != 1.0:
+            kind.scale(out, factor)
+        return [out]
+    tensors = [entry.array for entry in entries]
+    with span("MEMCPY_IN_FUSION_BUFFER"):
+        buffer = kind.join(tensors, prescale)
+    with span(f"ALLREDUCE_{transport.name.upper()}"):
+        if moves:
+            kind.allreduce(transport, comm, buffer, None, combined)
+    with span("MEMCPY_OUT_FUSION_BUFFER"):
+        return kind.split(buffer, tensors, [entry.inplace for entry in entries], factor)
+
+
+def _through_views(comm, entries: list, span) -> list:
+    """All-reduce a batch the general way, its framework tensors as numpy or CuPy views."""
+    viewed = []
+    for entry in entries:
+        if type(entry) is TensorEntry:
+            array = entry.kind.to_core(entry.array)
+            entry = FusionEntry(
+                array, array_module(array), entry.inplace, entry.op, entry.prescale,
+                entry.postscale, entry.requested, entry.key,
+            )  # fmt: skip
+        viewed.append(entry)
+    results = fused_allreduce(comm, viewed, span)
+    return [
+        entry.kind.from_core(result, entry.array, entry.inplace)
+        if type(entry) is TensorEntry
+        else result
+        for entry, result in zip(entries, results)
+    ]
 
 
 def _results(entries: list, layout: Layout, module, factor: float, span) -> list:

@@ -41,14 +41,15 @@ from .process_sets import global_process_set
 from .result_memory import new_host_like
 from .staging import OWN_PRECISION_SCALES, deliver, scale
 from .state import current
+from .tensor_kind import TensorKind
 from .transport import ON_DEVICE, select
 
 __all__ = [
     "travels_inline",
     "inline_allreduce",
     "short_allreduce",
-    "TensorKind",
     "tensor_allreduce",
+    "tensors_taken",
 ]
 
 # Bound once: reading an Enum's class attribute costs a noticeable part of this path's budget
@@ -220,51 +221,6 @@ def short_allreduce(tensor, options: dict):
     return out
 
 
-class TensorKind:
-    """What the short way needs to know of a framework's tensors to move them as they are.
-
-    A binding whose transport moves its tensors without a numpy or CuPy view (torch's
-    torch.distributed groups) passes one to `tensor_allreduce`; the methods are the framework's.
-    """
-
-    def describe(self, tensor):
-        """Return (numpy dtype, shape tuple, whether on the host) of `tensor`, or None for a
-        dtype that only the general way takes."""
-        raise NotImplementedError
-
-    def contiguous(self, tensor) -> bool:
-        raise NotImplementedError
-
-    def carried_by(self, transport) -> bool:
-        """Return whether `transport` moves these tensors as they are."""
-        raise NotImplementedError
-
-    def empty_like(self, tensor):
-        raise NotImplementedError
-
-    def flat(self, tensor):
-        """Return a 1-D view of a contiguous tensor."""
-        raise NotImplementedError
-
-    def scale(self, tensor, factor: float) -> None:
-        """Multiply a float tensor by `factor` in place."""
-        raise NotImplementedError
-
-    def allreduce(self, transport, comm, out, source, op) -> None:
-        """Reduce `source` (or `out` itself, where None) into `out` with `op` (a Sum, Min, Max
-        or Product) over `comm`, whose ranks number more than one, on `transport` (one that
-        carries these tensors); `out` is contiguous and not empty."""
-        raise NotImplementedError
-
-    def to_core(self, tensor):
-        """Return `tensor` as a numpy or CuPy array (its memory, for the general way)."""
-        raise NotImplementedError
-
-    def from_core(self, array, tensor, inplace: bool):
-        """Return the general way's result `array` as the result for `tensor`."""
-        raise NotImplementedError
-
-
 _NO_ROUTE = ()
 
 
@@ -279,12 +235,7 @@ def tensor_allreduce(tensor, kind: TensorKind, name, inplace: bool, options: dic
     """
     settings, device = current().settings, tensor.device
     memo = templates(settings)
-    # First whether any transport here takes such tensors: most tensors never go this way
-    # (torch's host tensors go to MPI unless HOROVODLITE_TRANSPORT=gloo) and pay no more.
-    taken = memo.get((_TAKEN, kind, device))
-    if taken is None:
-        taken = memo[_TAKEN, kind, device] = _ever_taken(tensor, kind, settings)
-    if not taken:
+    if not tensors_taken(tensor, kind, memo, settings):
         return None
     plain = _plain(options)
     if plain is None:
@@ -315,6 +266,18 @@ def tensor_allreduce(tensor, kind: TensorKind, name, inplace: bool, options: dic
     if factor != 1.0:
         kind.scale(out, factor)
     return out
+
+
+def tensors_taken(tensor, kind: TensorKind, memo: dict, settings) -> bool:
+    """Return whether any transport here takes tensors like `tensor` as they are; `memo` is
+    plan.templates(settings). Asked first on every framework tensor's all-reduce: most never go
+    as they are (torch's host tensors go to MPI unless HOROVODLITE_TRANSPORT=gloo) and pay no
+    more than this look-up."""
+    key = (_TAKEN, kind, tensor.device)
+    taken = memo.get(key)
+    if taken is None:
+        taken = memo[key] = _ever_taken(tensor, kind, settings)
+    return taken
 
 
 def _ever_taken(tensor, kind, settings) -> bool:

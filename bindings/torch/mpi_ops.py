@@ -6,16 +6,19 @@ of that collective (horovodlite/training/collective_gradients.py), the gradient 
 the ranks' losses (`torch.autograd.Function.apply` takes its arguments by position only).
 """
 
+import functools
+
 import numpy as np
 
 import horovodlite as core
 import torch
+from horovodlite.asynchronous import tensor_allreduce_async
 from horovodlite.process_sets import global_process_set
 from horovodlite.small_allreduce import tensor_allreduce
 from horovodlite.training import collective_gradients, reduce_kwargs
 
 from .compression import Compression
-from .tensors import TORCH_TENSORS, TensorView
+from .tensors import TORCH_TENSORS, TensorView, on_default_stream
 
 __all__ = [
     "allreduce",
@@ -109,7 +112,16 @@ def _saved_inputs(ctx):
 
 
 def _allreduce_one_async(tensor, *, name, args: dict, inplace: bool) -> Handle:
-    """Start an all-reduce of `tensor`; return a Handle (a backward pass makes one a gradient)."""
+    """Start an all-reduce of `tensor`; return a Handle (a backward pass makes one a gradient).
+
+    On torch's gloo or NCCL the tensor itself travels (asynchronous.tensor_allreduce_async),
+    where the engine's work on its GPU queues after the caller's (the default stream is current).
+    """
+    data = tensor.detach() if tensor.requires_grad else tensor
+    if not data.is_cuda or on_default_stream(data):
+        handle = tensor_allreduce_async(data, TORCH_TENSORS, name=name, inplace=inplace, **args)
+        if handle is not None:
+            return Handle(handle, functools.partial(_as_it_is, tensor) if inplace else _ordered)
     view = TensorView(tensor)
     if inplace:
         return Handle(core.allreduce_async_(view.array, name=name, **args), view.write_back)
@@ -124,6 +136,21 @@ def _allreduce_async(tensors: list, *, name, args: dict, inplace: bool) -> Handl
         [v.array for v in views], name=name, inplace=inplace, **args
     )
     return Handle(handle, lambda results: [f(r) for f, r in zip(finish, results)])
+
+
+def _as_it_is(tensor, result) -> torch.Tensor:
+    """Finish an in-place all-reduce whose tensor travelled as it is: `result` is its data."""
+    torch.autograd.graph.increment_version(tensor)  # (as torch's own in-place ops: write_back)
+    return _ordered(tensor)
+
+
+def _ordered(tensor) -> torch.Tensor:
+    """Return a result the engine queued on its GPU's default stream, which the caller's
+    current stream then waits for (nothing waits where they are one stream, or on the host)."""
+    if tensor.is_cuda and not on_default_stream(tensor):
+        device = tensor.device
+        torch.cuda.current_stream(device).wait_stream(torch.cuda.default_stream(device))
+    return tensor
 
 
 def _allreduce_now(tensor, *, name, args: dict, inplace: bool = False) -> torch.Tensor:

@@ -18,11 +18,11 @@ import ml_dtypes
 import numpy as np
 
 import torch
-from horovodlite.small_allreduce import TensorKind
+from horovodlite.tensor_kind import TensorKind
 
 from .transport import TorchTransport  # (importing it registers the gloo and nccl transports)
 
-__all__ = ["TORCH_TENSORS", "TensorView"]
+__all__ = ["TORCH_TENSORS", "TensorView", "on_default_stream"]
 
 _CUPY = importlib.util.find_spec("cupy") is not None
 
@@ -60,7 +60,7 @@ class TensorView:
             with torch.no_grad():
                 self.tensor.copy_(self.to_tensor(array).reshape(self.tensor.shape))
         else:
-            if self.tensor.is_cuda and not _on_default_stream(self.tensor):
+            if self.tensor.is_cuda and not on_default_stream(self.tensor):
                 # NCCL's result is ordered on CuPy's null stream (transport._run), the default
                 # stream; a caller on a side stream of its own would not wait for it without this.
                 device = self.tensor.device
@@ -108,6 +108,24 @@ class _TorchTensors(TensorKind):
 
     def allreduce(self, transport, comm, out, source, op) -> None:
         transport.allreduce_tensor(comm, out, source, op)
+
+    def join(self, tensors: list, prescale: float):
+        buffer = torch.cat([tensor.view(-1) for tensor in tensors])
+        if prescale != 1.0:
+            buffer.mul_(prescale)
+        return buffer
+
+    def split(self, buffer, tensors: list, inplace: list, factor: float) -> list:
+        if factor != 1.0:
+            buffer.mul_(factor)
+        parts = buffer.split([tensor.numel() for tensor in tensors])
+        results = [part.view(tensor.shape) for part, tensor in zip(parts, tensors)]
+        back = [i for i, flag in enumerate(inplace) if flag]
+        if back:  # (one call copies them all: on a GPU, a few launches instead of one each)
+            torch._foreach_copy_([tensors[i] for i in back], [results[i] for i in back])
+            for i in back:
+                results[i] = tensors[i]
+        return results
 
     def to_core(self, tensor):
         return TensorView(tensor).array
@@ -166,7 +184,7 @@ _current_stream = getattr(torch._C, "_cuda_getCurrentStream", None)
 _default_stream = getattr(torch._C, "_cuda_getDefaultStream", None)
 
 
-def _on_default_stream(tensor: torch.Tensor) -> bool:
+def on_default_stream(tensor: torch.Tensor) -> bool:
     """Return whether torch's current stream on `tensor`'s GPU is its default stream."""
     return _default_is_current(tensor.get_device())
 

@@ -300,6 +300,123 @@ def test_torch_tensors_beside_a_joined_rank():
     assert hvd.allgather_object(last) == [last] * n
 
 
+# -- torch tensors through the engine as they are (fusion.TensorEntry) ------------------------
+
+
+@pytest.fixture()
+def joined_batches(monkeypatch):
+    """Record the size of every batch the engine joins into one torch buffer (TensorKind.join)."""
+    from horovodlite.torch.tensors import TORCH_TENSORS
+
+    sizes, join = [], TORCH_TENSORS.join
+
+    def spy(tensors, prescale):
+        sizes.append(len(tensors))
+        return join(tensors, prescale)
+
+    monkeypatch.setattr(TORCH_TENSORS, "join", spy)
+    return sizes
+
+
+ASYNC_SHAPES = [(3,), (2, 5), (), (0, 3), (7,), (4, 3), (1,)]
+
+
+@pytest.mark.parametrize(
+    "dtype, op, prescale, postscale",
+    [("float32", hvd.Average, 1.0, 1.0), ("float64", hvd.Sum, 2.0, 0.5),
+     ("float32", hvd.Average, 3.0, 0.25), ("int64", hvd.Sum, 1.0, 1.0),
+     ("int32", hvd.Max, 1.0, 1.0), ("float64", hvd.Min, 1.0, 1.0)],
+)  # fmt: skip
+def test_torch_async_tensors_travel_as_they_are(no_views, joined_batches, dtype, op, prescale,
+                                                postscale):  # fmt: skip
+    # The engine joins a batch of torch tensors into one torch buffer, moves it with one gloo
+    # call and hands back torch tensors: no view, the lines NCCL runs on a GPU. Every other
+    # tensor in place, odd sizes, a scalar and an empty tensor; twice (the kept template).
+    r = hvd.rank()
+    for _ in range(2):
+        bases = [rank_values(s, dtype, r, seed=300 + i) for i, s in enumerate(ASYNC_SHAPES)]
+        xs = [torch.from_numpy(base.copy()) for base in bases]
+        versions = [x._version for x in xs]
+        options = dict(op=op, prescale_factor=prescale, postscale_factor=postscale)
+        handles = [
+            (hvd.torch.allreduce_async_ if i % 2 else hvd.torch.allreduce_async)(
+                x, name=f"torch.async.{dtype}.{i}", **options)
+            for i, x in enumerate(xs)
+        ]  # fmt: skip
+        for i, (handle, x, base) in enumerate(zip(handles, xs, bases)):
+            out = hvd.torch.synchronize(handle)
+            assert type(out) is torch.Tensor and tuple(out.shape) == ASYNC_SHAPES[i]
+            if i % 2:
+                assert out is x and x._version > versions[i]
+            else:
+                assert out.data_ptr() != x.data_ptr() or out.numel() == 0
+                np.testing.assert_array_equal(x.numpy(), base)  # the input is untouched
+            expected = reduce_expected(everyone(base), op, prescale, postscale)
+            assert_reduced(out.numpy(), expected, op)
+            assert all(o.tobytes() == out.numpy().tobytes() for o in everyone(out.numpy()))
+    assert max(joined_batches) > 1  # fused: one buffer for several tensors
+    assert moved_by_gloo(current().process_sets.lookup(0).engine_comm)  # (the engine's own)
+
+
+def test_torch_async_tensors_meet_core_arrays_in_one_batch(monkeypatch):
+    # A batch that holds torch tensors and numpy arrays of one kind goes the general way, the
+    # tensors through their views; ranks whose batches differ so still reduce alike.
+    from horovodlite import fusion
+
+    viewed, through_views = [], fusion._through_views
+
+    def spy(comm, entries, span):
+        viewed.append(len(entries))
+        return through_views(comm, entries, span)
+
+    monkeypatch.setattr(fusion, "_through_views", spy)
+    r = hvd.rank()
+    bases = [rank_values(s, np.float32, r, seed=320 + i) for i, s in enumerate(ASYNC_SHAPES)]
+    handles = []
+    for i, base in enumerate(bases):
+        name = f"torch.meet.{i}"
+        if (i + r) % 3 == 0:  # a numpy array, on the core's own API
+            handles.append(hvd.allreduce_async(base.copy(), name=name, prescale_factor=2.0))
+        else:
+            x = torch.from_numpy(base.copy())
+            handles.append(hvd.torch.allreduce_async_(x, name=name, prescale_factor=2.0))
+    for i, (handle, base) in enumerate(zip(handles, bases)):
+        out = hvd.synchronize(handle)  # (the core's synchronize takes the torch handle's core)
+        if (i + r) % 3 != 0:
+            assert type(out) is torch.Tensor
+            out = out.numpy()
+        assert_reduced(out, reduce_expected(everyone(base), hvd.Average, 2.0), hvd.Average)
+    assert viewed  # (the engine batches what is submitted at once: these mixed batches)
+
+
+def test_torch_async_tensor_mismatch_fails_on_every_rank(no_views):
+    if hvd.size() < 2:
+        pytest.skip("a mismatch needs two ranks")
+    r = hvd.rank()
+    handle = hvd.torch.allreduce_async(torch.ones(4 if r == 1 else 3), name="torch.async.bad")
+    with pytest.raises(hvd.HorovodLiteError, match="allreduce 'torch.async.bad'"):
+        hvd.torch.synchronize(handle)
+    handle = hvd.torch.allreduce_async_(torch.ones(2), op=hvd.Sum, name="torch.async.after")
+    assert hvd.torch.synchronize(handle)[0] == hvd.size()  # still in step
+
+
+def test_torch_async_tensors_beside_a_joined_rank(no_views):
+    n, me = hvd.size(), hvd.rank()
+    if n < 2:
+        pytest.skip("a joined rank beside others needs two ranks")
+    if me == 0:
+        last = hvd.join()  # its zeros go the general way, the others' tensors as they are
+    else:
+        xs = [torch.full((k + 2,), float(me)) for k in range(3)]
+        handles = [hvd.torch.allreduce_async_(x, op=hvd.Sum, name=f"torch.async.joined.{k}")
+                   for k, x in enumerate(xs)]  # fmt: skip
+        for handle, x in zip(handles, xs):
+            assert hvd.torch.synchronize(handle) is x
+            np.testing.assert_array_equal(x.numpy(), np.full(x.numel(), n * (n - 1) / 2))
+        last = hvd.join()
+    assert hvd.allgather_object(last) == [last] * n
+
+
 def test_kept_routes_follow_the_settings():
     # The short ways keep each call's route; settings that choose another transport (a new
     # Settings object, as the tests' fixtures and a re-init make) must not reuse them.

@@ -1,0 +1,69 @@
+"""A framework's tensors as the core moves them without a numpy or CuPy view.
+
+Where a transport moves a framework's own tensors (torch's gloo and NCCL groups take torch's),
+the core hands them to it as they are: no view, no DLPack round trip. The binding tells the
+core how to handle its tensors with a `TensorKind`; the core decides everything else (the
+check, the route, the batch's order, the scaling), so a tensor on its way and an array on the
+general way are reduced alike, element for element, and ranks on either way meet.
+
+Used by the short all-reduce (small_allreduce.tensor_allreduce) and by the engine's fused
+batches (fusion.TensorEntry).
+"""
+
+__all__ = ["TensorKind"]
+
+
+class TensorKind:
+    """What the core needs to know of a framework's tensors to move them as they are.
+
+    A binding whose transport moves its tensors as they are implements every method with the
+    framework's own calls.
+    """
+
+    def describe(self, tensor):
+        """Return (numpy dtype, shape tuple, whether on the host) of `tensor`, or None for a
+        dtype that only the general way takes."""
+        raise NotImplementedError
+
+    def contiguous(self, tensor) -> bool:
+        raise NotImplementedError
+
+    def carried_by(self, transport) -> bool:
+        """Return whether `transport` moves these tensors as they are."""
+        raise NotImplementedError
+
+    def empty_like(self, tensor):
+        raise NotImplementedError
+
+    def flat(self, tensor):
+        """Return a 1-D view of a contiguous tensor."""
+        raise NotImplementedError
+
+    def scale(self, tensor, factor: float) -> None:
+        """Multiply a float tensor by `factor` in place."""
+        raise NotImplementedError
+
+    def allreduce(self, transport, comm, out, source, op) -> None:
+        """Reduce `source` (or `out` itself, where None) into `out` with `op` (a Sum, Min, Max
+        or Product) over `comm`, whose ranks number more than one, on `transport` (one that
+        carries these tensors); `out` is contiguous and not empty."""
+        raise NotImplementedError
+
+    def join(self, tensors: list, prescale: float):
+        """Return a new flat tensor holding the contiguous `tensors` one after another, times
+        `prescale` (a float tensor's, where not 1): a fused batch's buffer, filled in one call."""
+        raise NotImplementedError
+
+    def split(self, buffer, tensors: list, inplace: list, factor: float) -> list:
+        """Return each of `tensors`' results from the reduced `buffer` (join's), times `factor`:
+        copied into the tensor itself where `inplace` says so, else a view of `buffer` shaped as
+        the tensor."""
+        raise NotImplementedError
+
+    def to_core(self, tensor):
+        """Return `tensor` as a numpy or CuPy array (its memory, for the general way)."""
+        raise NotImplementedError
+
+    def from_core(self, array, tensor, inplace: bool):
+        """Return the general way's result `array` as the result for `tensor`."""
+        raise NotImplementedError
