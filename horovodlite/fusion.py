@@ -332,12 +332,13 @@ def _tensor_batch(comm, entries: list, span) -> list:
         return [out]
     tensors = [entry.array for entry in entries]
     with span("MEMCPY_IN_FUSION_BUFFER"):
-        buffer = kind.join(tensors, prescale)
+        inplace = [entry.inplace for entry in entries]
+        buffer = kind.join(tensors, prescale, reused=all(inplace))
     with span(f"ALLREDUCE_{transport.name.upper()}"):
         if moves:
             kind.allreduce(transport, comm, buffer, None, combined)
     with span("MEMCPY_OUT_FUSION_BUFFER"):
-        return kind.split(buffer, tensors, [entry.inplace for entry in entries], factor)
+        return kind.split(buffer, tensors, inplace, factor)
 
 
 def _through_views(comm, entries: list, span) -> list:

@@ -49,9 +49,11 @@ class TensorKind:
         carries these tensors); `out` is contiguous and not empty."""
         raise NotImplementedError
 
-    def join(self, tensors: list, prescale: float):
-        """Return a new flat tensor holding the contiguous `tensors` one after another, times
-        `prescale` (a float tensor's, where not 1): a fused batch's buffer, filled in one call."""
+    def join(self, tensors: list, prescale: float, reused: bool):
+        """Return a flat tensor holding the contiguous `tensors` one after another, times
+        `prescale` (a float tensor's, where not 1): a fused batch's buffer, filled in one call.
+        `reused`: every result is copied out of it (all in place), so its memory may be the
+        last batch's, kept for this; else the results are views of it, and it is new."""
         raise NotImplementedError
 
     def split(self, buffer, tensors: list, inplace: list, factor: float) -> list:

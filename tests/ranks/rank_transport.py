@@ -310,9 +310,9 @@ def joined_batches(monkeypatch):
 
     sizes, join = [], TORCH_TENSORS.join
 
-    def spy(tensors, prescale):
+    def spy(tensors, prescale, reused):
         sizes.append(len(tensors))
-        return join(tensors, prescale)
+        return join(tensors, prescale, reused)
 
     monkeypatch.setattr(TORCH_TENSORS, "join", spy)
     return sizes
@@ -327,26 +327,28 @@ ASYNC_SHAPES = [(3,), (2, 5), (), (0, 3), (7,), (4, 3), (1,)]
      ("float32", hvd.Average, 3.0, 0.25), ("int64", hvd.Sum, 1.0, 1.0),
      ("int32", hvd.Max, 1.0, 1.0), ("float64", hvd.Min, 1.0, 1.0)],
 )  # fmt: skip
+@pytest.mark.parametrize("all_in_place", [False, True], ids=["mixed", "in_place"])
 def test_torch_async_tensors_travel_as_they_are(no_views, joined_batches, dtype, op, prescale,
-                                                postscale):  # fmt: skip
+                                                postscale, all_in_place):  # fmt: skip
     # The engine joins a batch of torch tensors into one torch buffer, moves it with one gloo
-    # call and hands back torch tensors: no view, the lines NCCL runs on a GPU. Every other
-    # tensor in place, odd sizes, a scalar and an empty tensor; twice (the kept template).
+    # call and hands back torch tensors: no view, the lines NCCL runs on a GPU. Every tensor in
+    # place (the buffer is kept for the next batch), or every other one; odd sizes, a scalar
+    # and an empty tensor; three times (the kept template, the kept buffer).
     r = hvd.rank()
-    for _ in range(2):
+    for _ in range(3):
         bases = [rank_values(s, dtype, r, seed=300 + i) for i, s in enumerate(ASYNC_SHAPES)]
         xs = [torch.from_numpy(base.copy()) for base in bases]
         versions = [x._version for x in xs]
         options = dict(op=op, prescale_factor=prescale, postscale_factor=postscale)
         handles = [
-            (hvd.torch.allreduce_async_ if i % 2 else hvd.torch.allreduce_async)(
+            (hvd.torch.allreduce_async_ if all_in_place or i % 2 else hvd.torch.allreduce_async)(
                 x, name=f"torch.async.{dtype}.{i}", **options)
             for i, x in enumerate(xs)
         ]  # fmt: skip
         for i, (handle, x, base) in enumerate(zip(handles, xs, bases)):
             out = hvd.torch.synchronize(handle)
             assert type(out) is torch.Tensor and tuple(out.shape) == ASYNC_SHAPES[i]
-            if i % 2:
+            if all_in_place or i % 2:
                 assert out is x and x._version > versions[i]
             else:
                 assert out.data_ptr() != x.data_ptr() or out.numel() == 0
