@@ -333,12 +333,12 @@ def _tensor_batch(comm, entries: list, span) -> list:
     tensors = [entry.array for entry in entries]
     with span("MEMCPY_IN_FUSION_BUFFER"):
         inplace = [entry.inplace for entry in entries]
-        buffer = kind.join(tensors, prescale, reused=all(inplace))
+        buffer, parts = kind.join(tensors, prescale, reused=all(inplace))
     with span(f"ALLREDUCE_{transport.name.upper()}"):
         if moves:
             kind.allreduce(transport, comm, buffer, None, combined)
     with span("MEMCPY_OUT_FUSION_BUFFER"):
-        return kind.split(buffer, tensors, inplace, factor)
+        return kind.split(buffer, parts, tensors, inplace, factor)
 
 
 def _through_views(comm, entries: list, span) -> list:

@@ -110,41 +110,31 @@ class _TorchTensors(TensorKind):
     def allreduce(self, transport, comm, out, source, op) -> None:
         transport.allreduce_tensor(comm, out, source, op)
 
-    def join(self, tensors: list, prescale: float, reused: bool):
-        flat = [tensor.view(-1) for tensor in tensors]
+    def join(self, tensors: list, prescale: float, reused: bool) -> tuple:
+        parts = [tensor.view(-1) for tensor in tensors]
         if reused:  # (fresh host memory costs a page fault per 4 KiB: 7x the copy for ResNet-50)
-            total = sum(part.shape[0] for part in flat)
-            buffer = torch.cat(flat, out=_kept_buffer(tensors[0], total))
+            total = sum(part.shape[0] for part in parts)
+            buffer = torch.cat(parts, out=_kept_buffer(tensors[0], total))
         else:
-            buffer = torch.cat(flat)
+            buffer = torch.cat(parts)
         if prescale != 1.0:
             buffer.mul_(prescale)
-        return buffer
+        return buffer, parts
 
-    def split(self, buffer, tensors: list, inplace: list, factor: float) -> list:
-        parts = buffer.split([tensor.numel() for tensor in tensors])
-        results = [part.view(tensor.shape) for part, tensor in zip(parts, tensors)]
-        if buffer.is_cuda:
-            # A launch or two for the whole batch: one per tensor costs more than a pass over
-            # the GPU's memory.
-            if factor != 1.0:
-                buffer.mul_(factor)
-            back = [i for i, flag in enumerate(inplace) if flag]
-            if back:
-                torch._foreach_copy_([tensors[i] for i in back], [results[i] for i in back])
-            return [tensors[i] if flag else results[i] for i, flag in enumerate(inplace)]
-        # On the host the factor goes on the way out, one pass over the memory where scaling
-        # the buffer first would take two.
-        for i, flag in enumerate(inplace):
-            if flag:
-                if factor != 1.0:
-                    torch.mul(results[i], factor, out=tensors[i])
-                else:
-                    tensors[i].copy_(results[i])
-                results[i] = tensors[i]
-            elif factor != 1.0:
-                results[i].mul_(factor)
-        return results
+    def split(self, buffer, parts: list, tensors: list, inplace: list, factor: float) -> list:
+        # A few calls for the whole batch, on the host as on a GPU (where a launch per tensor
+        # costs more than a pass over the memory): a view of each result only where it is
+        # handed out; the in-place tensors' flat views (join's) take theirs in one copy.
+        if factor != 1.0:
+            buffer.mul_(factor)
+        pieces = buffer.split([part.shape[0] for part in parts])
+        back = [i for i, flag in enumerate(inplace) if flag]
+        if back:
+            torch._foreach_copy_([parts[i] for i in back], [pieces[i] for i in back])
+        return [
+            tensor if flag else piece.view(tensor.shape)
+            for tensor, piece, flag in zip(tensors, pieces, inplace)
+        ]
 
     def to_core(self, tensor):
         return TensorView(tensor).array
