@@ -153,6 +153,31 @@ def tensor_allreduce_async(
     return None if plan is None else _engine().submit_one(plan)
 
 
+def grouped_tensor_allreduce_async(
+    tensors,
+    kind: TensorKind,
+    *,
+    op=None,
+    name=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    algorithm=None,
+    inplace=False,
+):
+    """Start grouped_allreduce_async() of a framework's `tensors` as they are; return a Handle,
+    or None where any of them must go as a numpy or CuPy view (then they all do): as
+    tensor_allreduce_async(), for a group."""
+    plans = []
+    for tensor, member in zip(tensors, _member_names(name, len(tensors))):
+        plan = tensor_allreduce_plan(tensor, kind, op, member, prescale_factor,
+                                     postscale_factor, process_set, algorithm, inplace)  # fmt: skip
+        if plan is None:
+            return None
+        plans.append(plan)
+    return _submit(plans, grouped=True)
+
+
 def grouped_allreduce_async(
     tensors,
     *,

@@ -12,7 +12,7 @@ import numpy as np
 
 import horovodlite as core
 import torch
-from horovodlite.asynchronous import tensor_allreduce_async
+from horovodlite.asynchronous import grouped_tensor_allreduce_async, tensor_allreduce_async
 from horovodlite.process_sets import global_process_set
 from horovodlite.small_allreduce import tensor_allreduce
 from horovodlite.training import collective_gradients, reduce_kwargs
@@ -129,7 +129,18 @@ def _allreduce_one_async(tensor, *, name, args: dict, inplace: bool) -> Handle:
 
 
 def _allreduce_async(tensors: list, *, name, args: dict, inplace: bool) -> Handle:
-    """Start one fused all-reduce of `tensors` (a group); return a Handle of their list."""
+    """Start one fused all-reduce of `tensors` (a group); return a Handle of their list.
+
+    As _allreduce_one_async, the tensors themselves travel where they can, all or none.
+    """
+    data = [tensor.detach() if tensor.requires_grad else tensor for tensor in tensors]
+    if all(not d.is_cuda or on_default_stream(d) for d in data):
+        handle = grouped_tensor_allreduce_async(data, TORCH_TENSORS, name=name, inplace=inplace,
+                                                **args)  # fmt: skip
+        if handle is not None:
+            if inplace:
+                return Handle(handle, lambda _: [_as_it_is(t, None) for t in tensors])
+            return Handle(handle, lambda results: [_ordered(r) for r in results])
     views = [TensorView(t) for t in tensors]
     finish = [v.write_back if inplace else v.to_tensor for v in views]
     handle = core.grouped_allreduce_async(

@@ -360,6 +360,43 @@ def test_torch_async_tensors_travel_as_they_are(no_views, joined_batches, dtype,
     assert moved_by_gloo(current().process_sets.lookup(0).engine_comm)  # (the engine's own)
 
 
+@pytest.mark.parametrize("inplace", [False, True], ids=["new", "in_place"])
+def test_torch_grouped_async_tensors_travel_as_they_are(no_views, joined_batches, inplace):
+    # A group travels as one batch of torch tensors, named or not; a group with a strided
+    # member goes as views, all of it, and reduces alike.
+    r = hvd.rank()
+    start = hvd.torch.grouped_allreduce_async_ if inplace else hvd.torch.grouped_allreduce_async
+    for name in ("torch.group", None, "torch.group"):
+        bases = [rank_values(s, np.float32, r, seed=340 + i) for i, s in enumerate(ASYNC_SHAPES)]
+        xs = [torch.from_numpy(base.copy()) for base in bases]
+        handle = start(xs, name=name, prescale_factor=2.0)
+        outs = hvd.torch.synchronize(handle)
+        assert len(outs) == len(xs)
+        for out, x, base in zip(outs, xs, bases):
+            assert type(out) is torch.Tensor and (out is x) == inplace
+            assert_reduced(out.numpy(), reduce_expected(everyone(base), hvd.Average, 2.0),
+                           hvd.Average)  # fmt: skip
+    assert joined_batches and max(joined_batches) == len(ASYNC_SHAPES)
+
+
+def test_torch_grouped_async_with_a_strided_member_goes_as_views(monkeypatch):
+    from horovodlite.torch.tensors import TORCH_TENSORS
+
+    def refuse(*args):
+        raise AssertionError("a group with a strided member travelled as tensors")
+
+    monkeypatch.setattr(TORCH_TENSORS, "join", refuse)
+    r = hvd.rank()
+    bases = [rank_values((3, 4), np.float64, r, seed=350 + i) for i in range(3)]
+    xs = [torch.from_numpy(base.copy()) for base in bases]
+    xs[1] = xs[1].t().contiguous().t()  # the same values, strided
+    handle = hvd.torch.grouped_allreduce_async_(xs, op=hvd.Sum, name="torch.strided")
+    outs = hvd.torch.synchronize(handle)
+    for out, x, base in zip(outs, xs, bases):
+        assert out is x
+        assert_reduced(x.numpy(), reduce_expected(everyone(base), hvd.Sum), hvd.Sum)
+
+
 def test_torch_async_tensors_meet_core_arrays_in_one_batch(monkeypatch):
     # A batch that holds torch tensors and numpy arrays of one kind goes the general way, the
     # tensors through their views; ranks whose batches differ so still reduce alike.
