@@ -26,13 +26,13 @@ from .collectives import (
     broadcast_plan,
     reducescatter_plan,
     repeated_allreduce_plan,
-    tensor_allreduce_plan,
 )
 from .handles import Handle
 from .joining import join_collectives
 from .ops import ReduceOp
 from .process_sets import global_process_set
 from .tensor_kind import TensorKind
+from .tensor_plans import tensor_allreduce_plan
 
 __all__ = [
     "allreduce_async",
@@ -129,49 +129,26 @@ def allreduce_async_(
     )  # fmt: skip
 
 
-def tensor_allreduce_async(
-    tensor,
-    kind: TensorKind,
-    *,
-    op=None,
-    name=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set=global_process_set,
-    algorithm=None,
-    inplace=False,
-):
+def tensor_allreduce_async(tensor, kind: TensorKind, name, inplace: bool, options: dict):
     """Start allreduce_async() of a framework's `tensor` as it is; return a Handle, or None
-    where it must go as a numpy or CuPy view (collectives.tensor_allreduce_plan says when).
+    where it must go as a numpy or CuPy view (tensor_plans.tensor_allreduce_plan says when).
 
     A binding's way (`kind`: its tensor_kind.TensorKind) where its transport moves its tensors
     without a view: synchronize() returns the framework's tensor, new, or `tensor` itself
-    with `inplace`. The arguments are allreduce_async()'s, less the deprecated `average`.
+    with `inplace`. `options` are allreduce_async()'s other keyword arguments, less `average`
+    (a mapping, as the binding holds them: no keyword packing on a gradient's way).
     """
-    plan = tensor_allreduce_plan(tensor, kind, op, name, prescale_factor, postscale_factor,
-                                 process_set, algorithm, inplace)  # fmt: skip
+    plan = tensor_allreduce_plan(tensor, kind, name, inplace, options)
     return None if plan is None else _engine().submit_one(plan)
 
 
-def grouped_tensor_allreduce_async(
-    tensors,
-    kind: TensorKind,
-    *,
-    op=None,
-    name=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set=global_process_set,
-    algorithm=None,
-    inplace=False,
-):
+def grouped_tensor_allreduce_async(tensors, kind: TensorKind, name, inplace: bool, options: dict):
     """Start grouped_allreduce_async() of a framework's `tensors` as they are; return a Handle,
     or None where any of them must go as a numpy or CuPy view (then they all do): as
     tensor_allreduce_async(), for a group."""
     plans = []
     for tensor, member in zip(tensors, _member_names(name, len(tensors))):
-        plan = tensor_allreduce_plan(tensor, kind, op, member, prescale_factor,
-                                     postscale_factor, process_set, algorithm, inplace)  # fmt: skip
+        plan = tensor_allreduce_plan(tensor, kind, member, inplace, options)
         if plan is None:
             return None
         plans.append(plan)

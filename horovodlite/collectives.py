@@ -26,14 +26,14 @@ from .checks import (
     root_index,
     set_id,
 )
-from .fusion import FusionEntry, TensorEntry, allreduce_fields, fusion_key
+from .fusion import FusionEntry, allreduce_fields, fusion_key
 from .ops import ReduceOp, combined_as, resolve_op, result_factor
 from .plan import Plan, run_now, signature_of, synchronous, templates, waiter
 from .process_sets import communicator, global_process_set
 from .result_memory import new_array
-from .staging import OWN_PRECISION_SCALES, deliver, flat_work, scale
+from .staging import deliver, flat_work, scale
 from .state import current
-from .transport import ON_DEVICE, select
+from .transport import select
 
 __all__ = [
     "allreduce",
@@ -121,7 +121,7 @@ def allreduce_plan(
                             float(postscale_factor), requested, xp)  # fmt: skip
         key = None
         if average is None:
-            key = _template_key(name, op, prescale_factor, postscale_factor, algorithm, inplace,
+            key = template_key(name, op, prescale_factor, postscale_factor, algorithm, inplace,
                                 comm.size, array, xp)  # fmt: skip
         if key is not None:
             templates(settings)[key] = (resolved, requested, fields, travels, fusion)
@@ -170,7 +170,7 @@ def _templated_plan(array, xp, comm, ranks, op, name, prescale, postscale, proce
     `with_inline`: give the plan its inline route where the template says it travels inline
     (the blocking call takes it; the engine ignores it).
     """
-    key = _template_key(name, op, prescale, postscale, algorithm, inplace, comm.size, array, xp)
+    key = template_key(name, op, prescale, postscale, algorithm, inplace, comm.size, array, xp)
     if key is None:
         return None
     template = templates(current().settings).get(key)
@@ -185,78 +185,6 @@ def _templated_plan(array, xp, comm, ranks, op, name, prescale, postscale, proce
     return Plan(fields, set_id(process_set), comm, ranks, None, None, entry, entry, inline)
 
 
-def tensor_allreduce_plan(tensor, kind, op, name, prescale_factor, postscale_factor, process_set,
-                          algorithm, inplace: bool) -> Optional[Plan]:  # fmt: skip
-    """Return allreduce_plan() of a framework's `tensor` (`average` None) that the engine hands
-    to its transport as it is, no numpy or CuPy view made (fusion.TensorEntry; `kind` is the
-    binding's tensor_kind.TensorKind); or None, and the tensor goes as a view: where no
-    transport here takes such tensors, the tensor is not contiguous, an option is no plain
-    value, its transport would not move it (an op or dtype it cannot reduce), the result is
-    scaled in a dtype the kind does not scale as the general way (integers, half types), or an
-    argument is bad (the view's plan reports it on every rank).
-
-    The asynchronous all-reduce's way for torch's tensors on gloo and NCCL: what follows from
-    the arguments is derived once from the view's plan, kept as a template like any plan's.
-    """
-    settings = current().settings
-    memo = templates(settings)
-    if not small_allreduce.tensors_taken(tensor, kind, memo, settings):
-        return None
-    if not kind.contiguous(tensor):
-        return None
-    comm, ranks = communicator(process_set)
-    key = _template_key(name, op, prescale_factor, postscale_factor, algorithm, inplace,
-                        comm.size, tensor, kind)  # fmt: skip
-    if key is None:
-        return None
-    key = (_TENSOR, key, tensor.device)
-    template = memo.get(key)
-    if template is None:
-        template = _tensor_template(
-            tensor, kind, op, name, prescale_factor, postscale_factor, process_set, algorithm,
-            inplace, comm.size, settings,
-        )  # fmt: skip
-        template = memo[key] = template or _AS_VIEW
-    if template is _AS_VIEW:
-        return None
-    resolved, requested, fields, fusion, dtype, xp = template
-    entry = TensorEntry(tensor, kind, dtype, xp, inplace, resolved, prescale_factor,
-                        postscale_factor, requested, fusion)  # fmt: skip
-    return Plan(fields, set_id(process_set), comm, ranks, None, None, entry, entry, None)
-
-
-_TENSOR, _AS_VIEW = "tensor plan", ()  # a framework tensor's template, and "goes as a view"
-
-
-def _tensor_template(tensor, kind, op, name, prescale, postscale, process_set, algorithm,
-                     inplace: bool, size: int, settings):  # fmt: skip
-    """Return (op, requested algorithm, fields, fusion key, numpy dtype, module) of a
-    framework tensor's all-reduce (see tensor_allreduce_plan), or None where it goes as a view.
-
-    Built from the plan of its view, so the fields, the checks and the fusion key are the
-    general way's own: ranks on either way agree, fuse and reduce alike.
-    """
-    described = kind.describe(tensor)
-    if described is None:
-        return None
-    dtype, _, on_host = described
-    plan = allreduce_plan(kind.to_core(tensor), op=op, name=name, prescale_factor=prescale,
-                          postscale_factor=postscale, process_set=process_set,
-                          algorithm=algorithm, inplace=inplace)  # fmt: skip
-    entry = plan.fusion
-    if plan.error is not None or entry is None:
-        return None
-    if plan.fields["device"] != ("cpu" if on_host else "cuda"):
-        return None  # (a tensor staged through host memory: its view is a host array)
-    xp = np if on_host else ON_DEVICE
-    if not kind.carried_by(select(settings, xp, entry.op, dtype)):
-        return None
-    scaled = entry.prescale != 1.0 or result_factor(entry.op, entry.postscale, size) != 1.0
-    if scaled and dtype not in OWN_PRECISION_SCALES:
-        return None
-    return entry.op, entry.requested, plan.fields, entry.key, dtype, xp
-
-
 def _inline_route(fields: dict, array, resolved, inplace: bool, ranks):
     """Return `inline(comm)` for an all-reduce that travels inside its metadata check."""
 
@@ -269,7 +197,7 @@ def _inline_route(fields: dict, array, resolved, inplace: bool, ranks):
     return inline
 
 
-def _template_key(name, op, prescale, postscale, algorithm, inplace, size, array, xp):
+def template_key(name, op, prescale, postscale, algorithm, inplace, size, array, xp):
     """Return the key of an all-reduce's template in plan.templates' memo, or None where an
     option is no plain value (a float that is an int or a numpy scalar, say, is checked anew
     every call)."""

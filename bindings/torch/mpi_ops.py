@@ -119,12 +119,14 @@ def _allreduce_one_async(tensor, *, name, args: dict, inplace: bool) -> Handle:
     """
     data = tensor.detach() if tensor.requires_grad else tensor
     if not data.is_cuda or on_default_stream(data):
-        handle = tensor_allreduce_async(data, TORCH_TENSORS, name=name, inplace=inplace, **args)
+        handle = tensor_allreduce_async(data, TORCH_TENSORS, name, inplace, args)
         if handle is not None:
             return Handle(handle, functools.partial(_as_it_is, tensor) if inplace else _ordered)
     view = TensorView(tensor)
     if inplace:
-        return Handle(core.allreduce_async_(view.array, name=name, **args), view.write_back)
+        # (allreduce_async itself: allreduce_async_ would pass every argument on once more)
+        handle = core.allreduce_async(view.array, name=name, inplace=True, **args)
+        return Handle(handle, view.write_back)
     return Handle(core.allreduce_async(view.array, name=name, **args), view.to_tensor)
 
 
@@ -135,8 +137,7 @@ def _allreduce_async(tensors: list, *, name, args: dict, inplace: bool) -> Handl
     """
     data = [tensor.detach() if tensor.requires_grad else tensor for tensor in tensors]
     if all(not d.is_cuda or on_default_stream(d) for d in data):
-        handle = grouped_tensor_allreduce_async(data, TORCH_TENSORS, name=name, inplace=inplace,
-                                                **args)  # fmt: skip
+        handle = grouped_tensor_allreduce_async(data, TORCH_TENSORS, name, inplace, args)
         if handle is not None:
             if inplace:
                 return Handle(handle, lambda _: [_as_it_is(t, None) for t in tensors])

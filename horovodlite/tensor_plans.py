@@ -1,0 +1,105 @@
+"""The all-reduce plan of a framework's tensor that travels as it is: no numpy or CuPy view.
+
+Where a binding's transport moves its tensors itself (torch's on torch.distributed's gloo and
+NCCL groups), the engine hands the tensors to it as they are (fusion.TensorEntry): joined into
+one buffer of the framework's, moved, and split back by the binding's `TensorKind`
+(tensor_kind.py). The plan is the general way's own: its fields, checks and fusion key are
+derived once from the plan of the tensor's view (collectives.allreduce_plan) and kept as a
+template, so ranks on either way agree, fuse and reduce alike.
+"""
+
+from typing import Optional
+
+import numpy as np
+
+from . import small_allreduce
+from .checks import set_id
+from .collectives import allreduce_plan, template_key
+from .fusion import TensorEntry
+from .ops import result_factor
+from .plan import Plan, templates
+from .process_sets import communicator, global_process_set
+from .staging import OWN_PRECISION_SCALES
+from .state import current
+from .transport import ON_DEVICE, select
+
+__all__ = ["tensor_allreduce_plan"]
+
+_OPTIONS = frozenset({"op", "prescale_factor", "postscale_factor", "process_set", "algorithm"})
+
+
+def tensor_allreduce_plan(tensor, kind, name, inplace: bool, options: dict) -> Optional[Plan]:
+    """Return allreduce_plan() of a framework's `tensor` that the engine hands to its transport
+    as it is, no numpy or CuPy view made (fusion.TensorEntry; `kind` is the binding's
+    tensor_kind.TensorKind; `options` allreduce_async()'s other keyword arguments, less the
+    deprecated `average`); or None, and the tensor goes as a view: where no transport here takes
+    such tensors, the tensor is not contiguous, an option is unknown or no plain value, its
+    transport would not move it (an op or dtype it cannot reduce), the result is scaled in a
+    dtype the kind does not scale as the general way (integers, half types), or an argument is
+    bad (the view's plan reports it on every rank).
+
+    The asynchronous all-reduce's way for torch's tensors on gloo and NCCL: what follows from
+    the arguments is derived once from the view's plan, kept as a template like any plan's. Its
+    first look-up is all that a tensor that goes as a view pays (MPI's transport, the default).
+    """
+    settings = current().settings
+    memo = templates(settings)
+    if not small_allreduce.tensors_taken(tensor, kind, memo, settings):
+        return None
+    if not kind.contiguous(tensor) or not _OPTIONS.issuperset(options):
+        return None
+    get = options.get
+    op, algorithm = get("op"), get("algorithm")
+    prescale_factor, postscale_factor = get("prescale_factor", 1.0), get("postscale_factor", 1.0)
+    process_set = get("process_set", global_process_set)
+    comm, ranks = communicator(process_set)
+    key = template_key(name, op, prescale_factor, postscale_factor, algorithm, inplace,
+                        comm.size, tensor, kind)  # fmt: skip
+    if key is None:
+        return None
+    key = (_TENSOR, key, tensor.device)
+    template = memo.get(key)
+    if template is None:
+        template = _tensor_template(
+            tensor, kind, op, name, prescale_factor, postscale_factor, process_set, algorithm,
+            inplace, comm.size, settings,
+        )  # fmt: skip
+        template = memo[key] = template or _AS_VIEW
+    if template is _AS_VIEW:
+        return None
+    resolved, requested, fields, fusion, dtype, xp = template
+    entry = TensorEntry(tensor, kind, dtype, xp, inplace, resolved, prescale_factor,
+                        postscale_factor, requested, fusion)  # fmt: skip
+    return Plan(fields, set_id(process_set), comm, ranks, None, None, entry, entry, None)
+
+
+_TENSOR, _AS_VIEW = "tensor plan", ()  # a framework tensor's template, and "goes as a view"
+
+
+def _tensor_template(tensor, kind, op, name, prescale, postscale, process_set, algorithm,
+                     inplace: bool, size: int, settings):  # fmt: skip
+    """Return (op, requested algorithm, fields, fusion key, numpy dtype, module) of a
+    framework tensor's all-reduce (see tensor_allreduce_plan), or None where it goes as a view.
+
+    Built from the plan of its view, so the fields, the checks and the fusion key are the
+    general way's own: ranks on either way agree, fuse and reduce alike.
+    """
+    described = kind.describe(tensor)
+    if described is None:
+        return None
+    dtype, _, on_host = described
+    plan = allreduce_plan(kind.to_core(tensor), op=op, name=name, prescale_factor=prescale,
+                          postscale_factor=postscale, process_set=process_set,
+                          algorithm=algorithm, inplace=inplace)  # fmt: skip
+    entry = plan.fusion
+    if plan.error is not None or entry is None:
+        return None
+    if plan.fields["device"] != ("cpu" if on_host else "cuda"):
+        return None  # (a tensor staged through host memory: its view is a host array)
+    xp = np if on_host else ON_DEVICE
+    if not kind.carried_by(select(settings, xp, entry.op, dtype)):
+        return None
+    scaled = entry.prescale != 1.0 or result_factor(entry.op, entry.postscale, size) != 1.0
+    if scaled and dtype not in OWN_PRECISION_SCALES:
+        return None
+    return entry.op, entry.requested, plan.fields, entry.key, dtype, xp
