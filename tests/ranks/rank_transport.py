@@ -150,7 +150,7 @@ def test_reducescatter_even_and_uneven(rows_per_rank):
         assert_reduced(out, reduce_expected(everyone(x), op)[lo:hi], op)
 
 
-def test_process_set_gets_its_own_group():
+def test_process_set_gets_its_own_group(no_views):
     n, r = hvd.size(), hvd.rank()
     if n < 3:
         pytest.skip("a proper subset needs 3 ranks")
@@ -166,6 +166,16 @@ def test_process_set_gets_its_own_group():
             assert gathered.shape == (sum(members), 2)
             comm, _ = hvd.process_sets.communicator(subset)
             assert moved_by_gloo(comm)
+            # Torch tensors through the engine, as they are, on the set's own engine group.
+            xs = [torch.full((k + 1,), float(r)) for k in range(3)]
+            handles = [hvd.torch.allreduce_async_(x, op=hvd.Average, name=f"set.{k}",
+                                                  process_set=subset)
+                       for k, x in enumerate(xs)]  # fmt: skip
+            for handle, x in zip(handles, xs):
+                assert hvd.torch.synchronize(handle) is x
+                np.testing.assert_allclose(x.numpy(), sum(members) / len(members))
+            engine_comm = current().process_sets.lookup(subset.process_set_id).engine_comm
+            assert moved_by_gloo(engine_comm)
     finally:
         hvd.remove_process_set(subset)
 
