@@ -398,6 +398,48 @@ def test_torch_cuda_on_a_side_stream(route):
 
 
 @needs_torch_cuda
+def test_torch_cuda_async_tensors_travel_as_they_are(route, monkeypatch):
+    # On NCCL the engine joins a batch of CUDA tensors into one torch buffer and splits it back
+    # (fusion.TensorEntry): no CuPy view; elsewhere they go as views. Alike either way: in place
+    # and not, a group, a scalar, an empty tensor, a large one, scaled.
+    from horovodlite.torch import mpi_ops
+    from horovodlite.torch.tensors import TORCH_TENSORS
+
+    r = hvd.rank()
+    as_they_are = current().settings.transport == "nccl"
+    if as_they_are:
+        def refuse(tensor):
+            raise AssertionError("a CUDA tensor was viewed on NCCL")
+
+        monkeypatch.setattr(mpi_ops, "TensorView", refuse)
+    joined, join = [], TORCH_TENSORS.join
+
+    def spy(tensors, *args):
+        joined.append(len(tensors))
+        return join(tensors, *args)
+
+    monkeypatch.setattr(TORCH_TENSORS, "join", spy)
+    shapes = [(3,), (2, 5), (), (0, 3), (130, 130), (7,)]
+    for _ in range(2):
+        bases = [rank_values(s, np.float32, r, seed=360 + i) for i, s in enumerate(shapes)]
+        xs = [_cuda(base) for base in bases]
+        options = dict(op=hvd.Average, prescale_factor=2.0, postscale_factor=0.5)
+        handles = [(hvd_torch.allreduce_async_ if i % 2 else hvd_torch.allreduce_async)(
+                       x, name=f"cuda.async.{i}", **options) for i, x in enumerate(xs)]  # fmt: skip
+        for i, (handle, x, base) in enumerate(zip(handles, xs, bases)):
+            out = hvd_torch.synchronize(handle)
+            assert out.is_cuda and (out is x) == bool(i % 2)
+            expected = reduce_expected(everyone(base), hvd.Average, 2.0, 0.5)
+            assert_reduced(out.cpu().numpy(), expected, hvd.Average)
+        before = [x.cpu().numpy() for x in xs]
+        group = hvd_torch.grouped_allreduce_async_(xs, op=hvd.Sum, name="cuda.group")
+        for out, x, value in zip(hvd_torch.synchronize(group), xs, before):
+            assert out is x and out.is_cuda
+            assert_reduced(x.cpu().numpy(), reduce_expected(everyone(value), hvd.Sum))
+    assert bool(joined) == as_they_are
+
+
+@needs_torch_cuda
 def test_torch_cuda_mismatch_fails_on_every_rank(route):
     n, r = hvd.size(), hvd.rank()
     if n == 1:
