@@ -117,3 +117,37 @@ def test_gpu_benchmark_without_cuda_fails_with_a_clear_message(capsys):
     assert cli.main(["--device", "cuda", "--np", "2"]) == 2
     err = capsys.readouterr().err
     assert "--device cuda: torch" in err and "no CUDA GPU" in err
+
+
+# -- torch's TensorKind: a fused batch of torch tensors joined and split back ------------------
+
+
+@pytest.mark.parametrize("copy_each", ["foreach", "loop"])
+@pytest.mark.parametrize("factor", [1.0, 0.25])
+def test_torch_batch_is_joined_and_split_back(monkeypatch, copy_each, factor):
+    # What the engine does with a batch of torch tensors that travel as they are, less the
+    # transfer: join (times the prescale), then split back times the factor, in place or new.
+    # A 64 KiB in-place result takes the factor on its way out on the host; a torch without
+    # `_foreach_copy_` copies one by one.
+    torch = pytest.importorskip("torch")
+    from horovodlite.torch import tensors
+
+    if copy_each == "loop":
+        monkeypatch.setattr(tensors, "_copy_each", tensors._copy_loop)
+    kind = tensors.TORCH_TENSORS
+    shapes = [(3,), (2, 5), (), (0, 4), (130, 130), (6,), (4, 4)]
+    mixed = [True, False, True, True, True, False, False]
+    values = [torch.arange(float(torch.Size(s).numel())).reshape(s) - 2 for s in shapes]
+    # All in place: the kept buffer, twice; some new (views of the buffer): a new buffer.
+    for inplace in ([True] * len(shapes), mixed, [True] * len(shapes)):
+        reused = all(inplace)
+        batch = [v.clone() for v in values]
+        buffer, parts = kind.join(batch, 2.0, reused=reused)
+        assert buffer.shape == (sum(v.numel() for v in values),)
+        torch.testing.assert_close(buffer, 2.0 * torch.cat([v.reshape(-1) for v in values]))
+        results = kind.split(buffer, parts, batch, inplace, factor)
+        for result, tensor, value, own in zip(results, batch, values, inplace):
+            assert (result is tensor) == own and result.shape == value.shape
+            assert torch.equal(result, value * 2.0 * factor)
+            if not own:
+                assert torch.equal(tensor, value)  # the input is untouched

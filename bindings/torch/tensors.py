@@ -144,7 +144,7 @@ class _TorchTensors(TensorKind):
         elif factor != 1.0:
             buffer.mul_(factor)
         if back:
-            torch._foreach_copy_([parts[i] for i in back], [pieces[i] for i in back])
+            _copy_each([parts[i] for i in back], [pieces[i] for i in back])
         return [
             tensor if flag else piece if tensor.dim() == 1 else piece.view(tensor.shape)
             for tensor, piece, flag in zip(tensors, pieces, inplace)
@@ -159,6 +159,15 @@ class _TorchTensors(TensorKind):
 
 
 TORCH_TENSORS = _TorchTensors()
+
+def _copy_loop(targets: list, sources: list) -> None:
+    for target, source in zip(targets, sources):
+        target.copy_(source)
+
+
+# One call copies a batch: torch's private `_foreach_copy_` (its optimizers use it), where this
+# torch has it (since about 2.1), else one copy each.
+_copy_each = getattr(torch, "_foreach_copy_", None) or _copy_loop
 
 # On the host, in-place results of at least this size take the factor on their way out of the
 # fused buffer (one pass over them, where scaling the buffer first makes two): ResNet-50's
