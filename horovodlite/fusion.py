@@ -21,6 +21,11 @@ Then the transport moves the layout's pieces. Every rank cuts and orders the bat
 the agreed sizes only, so ranks whose arrays lie differently still reduce the same elements
 together. GPU arrays on a transport that carries no GPU buffers are staged through host
 memory: a reused buffer, pinned where CuPy can pin it (staging.py).
+
+A batch of a framework's tensors that its transport moves as they are (`TensorEntry`: torch's on
+gloo and NCCL) skips the layout: one buffer of the framework's, filled in one call, moved, and
+split back by the binding's TensorKind (tensor_kind.py); a batch that mixes them with arrays
+goes the general way through their views.
 """
 
 import ctypes

@@ -8,8 +8,9 @@ interface makes CuPy synchronize torch's stream from the host, stalling the back
 submits the gradient). Where CuPy is missing, or cannot hold the dtype (bfloat16), CUDA tensors
 are staged through host memory.
 
-Where torch's own gloo or NCCL groups move a tensor, the short all-reduce takes it without any
-view (`TORCH_TENSORS`, small_allreduce.tensor_allreduce).
+Where torch's own gloo or NCCL groups move a tensor, the short all-reduce and the engine take it
+without any view (`TORCH_TENSORS`, small_allreduce.tensor_allreduce, fusion.TensorEntry): the
+engine joins a batch into one torch buffer and splits it back.
 """
 
 import importlib.util
@@ -159,6 +160,7 @@ class _TorchTensors(TensorKind):
 
 
 TORCH_TENSORS = _TorchTensors()
+
 
 def _copy_loop(targets: list, sources: list) -> None:
     for target, source in zip(targets, sources):
