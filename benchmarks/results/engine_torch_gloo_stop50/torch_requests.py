@@ -19,12 +19,12 @@ import json
 import random
 import time
 
+import horovodlite.torch as hvd
 import numpy as np
+import torch
 from mpi4py import MPI
 
 import horovodlite as core
-import horovodlite.torch as hvd
-import torch
 
 
 def main() -> None:
