@@ -414,9 +414,9 @@ def test_torch_cuda_async_tensors_travel_as_they_are(route, monkeypatch):
         monkeypatch.setattr(mpi_ops, "TensorView", refuse)
     joined, join = [], TORCH_TENSORS.join
 
-    def spy(tensors, *args):
+    def spy(tensors, *args, **kwargs):
         joined.append(len(tensors))
-        return join(tensors, *args)
+        return join(tensors, *args, **kwargs)
 
     monkeypatch.setattr(TORCH_TENSORS, "join", spy)
     shapes = [(3,), (2, 5), (), (0, 3), (130, 130), (7,)]

@@ -313,19 +313,24 @@ def test_torch_tensors_beside_a_joined_rank():
 # -- torch tensors through the engine as they are (fusion.TensorEntry) ------------------------
 
 
+def calls_of(monkeypatch, owner, name: str) -> list:
+    """Record the arguments of every call of `owner.<name>` (which still runs); return the list."""
+    calls, original = [], getattr(owner, name)
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, spy)
+    return calls
+
+
 @pytest.fixture()
-def joined_batches(monkeypatch):
-    """Record the size of every batch the engine joins into one torch buffer (TensorKind.join)."""
+def joins(monkeypatch) -> list:
+    """Record every batch the engine joins into one torch buffer (TensorKind.join's arguments)."""
     from horovodlite.torch.tensors import TORCH_TENSORS
 
-    sizes, join = [], TORCH_TENSORS.join
-
-    def spy(tensors, prescale, reused):
-        sizes.append(len(tensors))
-        return join(tensors, prescale, reused)
-
-    monkeypatch.setattr(TORCH_TENSORS, "join", spy)
-    return sizes
+    return calls_of(monkeypatch, TORCH_TENSORS, "join")
 
 
 # (130, 130): on the host an in-place result of 64 KiB or more takes the factor on its way out.
@@ -339,7 +344,7 @@ ASYNC_SHAPES = [(3,), (2, 5), (), (0, 3), (7,), (4, 3), (1,), (130, 130), (5,)]
      ("int32", hvd.Max, 1.0, 1.0), ("float64", hvd.Min, 1.0, 1.0)],
 )  # fmt: skip
 @pytest.mark.parametrize("all_in_place", [False, True], ids=["mixed", "in_place"])
-def test_torch_async_tensors_travel_as_they_are(no_views, joined_batches, dtype, op, prescale,
+def test_torch_async_tensors_travel_as_they_are(no_views, joins, dtype, op, prescale,
                                                 postscale, all_in_place):  # fmt: skip
     # The engine joins a batch of torch tensors into one torch buffer, moves it with one gloo
     # call and hands back torch tensors: no view, the lines NCCL runs on a GPU. Every tensor in
@@ -367,12 +372,12 @@ def test_torch_async_tensors_travel_as_they_are(no_views, joined_batches, dtype,
             expected = reduce_expected(everyone(base), op, prescale, postscale)
             assert_reduced(out.numpy(), expected, op)
             assert all(o.tobytes() == out.numpy().tobytes() for o in everyone(out.numpy()))
-    assert max(joined_batches) > 1  # fused: one buffer for several tensors
+    assert max(len(args[0]) for args in joins) > 1  # fused: one buffer for several tensors
     assert moved_by_gloo(current().process_sets.lookup(0).engine_comm)  # (the engine's own)
 
 
 @pytest.mark.parametrize("inplace", [False, True], ids=["new", "in_place"])
-def test_torch_grouped_async_tensors_travel_as_they_are(no_views, joined_batches, inplace):
+def test_torch_grouped_async_tensors_travel_as_they_are(no_views, joins, inplace):
     # A group travels as one batch of torch tensors, named or not; a group with a strided
     # member goes as views, all of it, and reduces alike.
     r = hvd.rank()
@@ -387,7 +392,7 @@ def test_torch_grouped_async_tensors_travel_as_they_are(no_views, joined_batches
             assert type(out) is torch.Tensor and (out is x) == inplace
             assert_reduced(out.numpy(), reduce_expected(everyone(base), hvd.Average, 2.0),
                            hvd.Average)  # fmt: skip
-    assert joined_batches and max(joined_batches) == len(ASYNC_SHAPES)
+    assert joins and max(len(args[0]) for args in joins) == len(ASYNC_SHAPES)
 
 
 def test_torch_grouped_async_with_a_strided_member_goes_as_views(monkeypatch):
@@ -413,13 +418,7 @@ def test_torch_async_tensors_meet_core_arrays_in_one_batch(monkeypatch):
     # tensors through their views; ranks whose batches differ so still reduce alike.
     from horovodlite import fusion
 
-    viewed, through_views = [], fusion._through_views
-
-    def spy(comm, entries, span):
-        viewed.append(len(entries))
-        return through_views(comm, entries, span)
-
-    monkeypatch.setattr(fusion, "_through_views", spy)
+    viewed = calls_of(monkeypatch, fusion, "_through_views")
     r = hvd.rank()
     bases = [rank_values(s, np.float32, r, seed=320 + i) for i, s in enumerate(ASYNC_SHAPES)]
     handles = []
