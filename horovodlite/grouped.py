@@ -15,8 +15,10 @@ from .fusion import fused_by_kind
 from .plan import Plan, run_now, waiter
 from .process_sets import global_process_set
 from .state import current
+from .tensor_plans import tensor_allreduce_plan
 
 __all__ = ["grouped_allreduce", "grouped_allgather", "grouped_reducescatter"]
+# (grouped_tensor_allreduce is the bindings' own: horovodlite's top level shows these)
 
 
 def grouped_allreduce(tensors, *, name=None, **options) -> list:
@@ -27,6 +29,27 @@ def grouped_allreduce(tensors, *, name=None, **options) -> list:
     "<name>.0", "<name>.1", ... in errors.
     """
     plans = [allreduce_plan(t, name=n, **options) for t, n in _members(tensors, name, "allreduce")]
+
+    def execute(comm, _):
+        return fused_by_kind(comm, [plan.fusion for plan in plans])
+
+    return _run_group("grouped_allreduce", name, plans, execute)
+
+
+def grouped_tensor_allreduce(tensors, kind, name, inplace: bool, options: dict):
+    """grouped_allreduce() of a framework's `tensors` as they are (tensor_plans.py; `kind` is
+    the binding's tensor_kind.TensorKind, `options` allreduce()'s other keyword arguments, less
+    `average`); None where any of them must go as a numpy or CuPy view (then they all do).
+
+    For the bindings; the same agreement and fused batches as grouped_allreduce's, so the ranks
+    meet whichever way each takes.
+    """
+    plans = []
+    for tensor, member in _members(tensors, name, "allreduce"):
+        plan = tensor_allreduce_plan(tensor, kind, member, inplace, options)
+        if plan is None:
+            return None
+        plans.append(plan)
 
     def execute(comm, _):
         return fused_by_kind(comm, [plan.fusion for plan in plans])

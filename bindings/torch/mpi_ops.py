@@ -13,6 +13,7 @@ import numpy as np
 import horovodlite as core
 import torch
 from horovodlite.asynchronous import grouped_tensor_allreduce_async, tensor_allreduce_async
+from horovodlite.grouped import grouped_tensor_allreduce
 from horovodlite.process_sets import global_process_set
 from horovodlite.small_allreduce import tensor_allreduce
 from horovodlite.training import collective_gradients, reduce_kwargs
@@ -180,6 +181,22 @@ def _allreduce_now(tensor, *, name, args: dict, inplace: bool = False) -> torch.
     return view.to_tensor(core.allreduce(view.array, name=name, **args))
 
 
+def _grouped_allreduce_now(tensors, *, name, args: dict, inplace: bool = False) -> list:
+    """Run grouped_allreduce on `tensors`: as they are on torch's gloo or NCCL (all or none,
+    on the default stream as the engine's batches: the thread's kept buffer is used there
+    alone), else as views."""
+    data = [tensor.detach() if tensor.requires_grad else tensor for tensor in tensors]
+    if all(not d.is_cuda or on_default_stream(d) for d in data):
+        results = grouped_tensor_allreduce(data, TORCH_TENSORS, name, inplace, args)
+        if results is not None:
+            if not inplace:
+                return results
+            for tensor in tensors:  # (versions move on, as with torch's own in-place ops)
+                torch.autograd.graph.increment_version(tensor)
+            return list(tensors)
+    return _grouped_now(core.grouped_allreduce, tensors, inplace=inplace, name=name, **args)
+
+
 def _grouped_now(collective, tensors, *, inplace: bool = False, **kwargs) -> list:
     """Run the core's blocking grouped `collective` on `tensors`; return the results as tensors
     (written into `tensors` themselves where `inplace`)."""
@@ -299,6 +316,8 @@ class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, args, *tensors):
         _save_inputs(ctx, args, tensors)
+        # (As views: results that travelled as they are would be torch views of one buffer,
+        # which autograd forbids a custom Function's outputs to be modified in place.)
         return tuple(_grouped_now(core.grouped_allreduce, tensors, name=name, **args))
 
     @staticmethod
@@ -324,7 +343,7 @@ def grouped_allreduce(
     if _graph_needed(wires):
         results = _GroupedAllreduce.apply(name, args, *wires)
     else:
-        results = _grouped_now(core.grouped_allreduce, wires, name=name, **args)
+        results = _grouped_allreduce_now(wires, name=name, args=args)
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed)]
 
 
@@ -339,7 +358,7 @@ def grouped_allreduce_(
 ) -> list:
     """All-reduce every tensor in `tensors` in place, as one fused buffer; return them."""
     args = reduce_kwargs(op, average, prescale_factor, postscale_factor, process_set)
-    return _grouped_now(core.grouped_allreduce, tensors, inplace=True, name=name, **args)
+    return _grouped_allreduce_now(list(tensors), name=name, args=args, inplace=True)
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> Handle:

@@ -436,6 +436,10 @@ def test_torch_cuda_async_tensors_travel_as_they_are(route, monkeypatch):
         for out, x, value in zip(hvd_torch.synchronize(group), xs, before):
             assert out is x and out.is_cuda
             assert_reduced(x.cpu().numpy(), reduce_expected(everyone(value), hvd.Sum))
+        outs = hvd_torch.grouped_allreduce(xs, op=hvd.Max, name="cuda.group.now")
+        for out, x in zip(outs, xs):
+            assert out.is_cuda and out is not x
+            assert_reduced(out.cpu().numpy(), reduce_expected(everyone(x.cpu().numpy()), hvd.Max))
     assert bool(joined) == as_they_are
 
 

@@ -376,29 +376,41 @@ def test_torch_async_tensors_travel_as_they_are(no_views, joins, dtype, op, pres
     assert moved_by_gloo(current().process_sets.lookup(0).engine_comm)  # (the engine's own)
 
 
-@pytest.mark.parametrize("inplace", [False, True], ids=["new", "in_place"])
-def test_torch_grouped_async_tensors_travel_as_they_are(no_views, joins, inplace):
-    # A group travels as one batch of torch tensors, named or not; a group with a strided
-    # member goes as views, all of it, and reduces alike.
-    r = hvd.rank()
+def _grouped(inplace: bool, blocking: bool):
+    """Return torch's grouped all-reduce as a function of (tensors, **options) -> results."""
+    if blocking:
+        return hvd.torch.grouped_allreduce_ if inplace else hvd.torch.grouped_allreduce
     start = hvd.torch.grouped_allreduce_async_ if inplace else hvd.torch.grouped_allreduce_async
+    return lambda xs, **options: hvd.torch.synchronize(start(xs, **options))
+
+
+@pytest.mark.parametrize("blocking", [False, True], ids=["async", "blocking"])
+@pytest.mark.parametrize("inplace", [False, True], ids=["new", "in_place"])
+def test_torch_grouped_tensors_travel_as_they_are(no_views, joins, inplace, blocking):
+    # A group travels as one batch of torch tensors, named or not, through the engine or at
+    # once on the caller's thread.
+    r = hvd.rank()
+    grouped = _grouped(inplace, blocking)
     for name in ("torch.group", None, "torch.group"):
         bases = [rank_values(s, np.float32, r, seed=340 + i) for i, s in enumerate(ASYNC_SHAPES)]
         xs = [torch.from_numpy(base.copy()) for base in bases]
-        handle = start(xs, name=name, prescale_factor=2.0)
-        outs = hvd.torch.synchronize(handle)
+        versions = [x._version for x in xs]
+        outs = grouped(xs, name=name, prescale_factor=2.0)
         assert len(outs) == len(xs)
-        for out, x, base in zip(outs, xs, bases):
+        for out, x, base, version in zip(outs, xs, bases, versions):
             assert type(out) is torch.Tensor and (out is x) == inplace
+            assert (x._version > version) == inplace
             assert_reduced(out.numpy(), reduce_expected(everyone(base), hvd.Average, 2.0),
                            hvd.Average)  # fmt: skip
     assert joins and max(len(args[0]) for args in joins) == len(ASYNC_SHAPES)
 
 
-def test_torch_grouped_async_with_a_strided_member_goes_as_views(monkeypatch):
+@pytest.mark.parametrize("blocking", [False, True], ids=["async", "blocking"])
+def test_torch_grouped_with_a_strided_member_goes_as_views(monkeypatch, blocking):
+    # A group with a strided member goes as views, all of it, and reduces alike.
     from horovodlite.torch.tensors import TORCH_TENSORS
 
-    def refuse(*args):
+    def refuse(*args, **kwargs):
         raise AssertionError("a group with a strided member travelled as tensors")
 
     monkeypatch.setattr(TORCH_TENSORS, "join", refuse)
@@ -406,8 +418,7 @@ def test_torch_grouped_async_with_a_strided_member_goes_as_views(monkeypatch):
     bases = [rank_values((3, 4), np.float64, r, seed=350 + i) for i in range(3)]
     xs = [torch.from_numpy(base.copy()) for base in bases]
     xs[1] = xs[1].t().contiguous().t()  # the same values, strided
-    handle = hvd.torch.grouped_allreduce_async_(xs, op=hvd.Sum, name="torch.strided")
-    outs = hvd.torch.synchronize(handle)
+    outs = _grouped(True, blocking)(xs, op=hvd.Sum, name="torch.strided")
     for out, x, base in zip(outs, xs, bases):
         assert out is x
         assert_reduced(x.numpy(), reduce_expected(everyone(base), hvd.Sum), hvd.Sum)
