@@ -26,4 +26,4 @@ def tm(f, n=100):
 
 in_place = tm(lambda: hvd.grouped_allreduce_(ts, name="g_"))
 new = tm(lambda: hvd.grouped_allreduce(ts, name="g"))
-print(sys.argv[1], "grouped_allreduce_ %.3f ms, grouped_allreduce %.3f ms" % (in_place, new))
+print(f"{sys.argv[1]} grouped_allreduce_ {in_place:.3f} ms, grouped_allreduce {new:.3f} ms")
