@@ -151,3 +151,17 @@ def test_torch_batch_is_joined_and_split_back(monkeypatch, copy_each, factor):
             assert torch.equal(result, value * 2.0 * factor)
             if not own:
                 assert torch.equal(tensor, value)  # the input is untouched
+
+
+def test_torch_batch_of_large_in_place_tensors_only_is_scaled_on_the_way_out():
+    # Every result takes the factor on its way out: nothing is left to scale in the buffer
+    # (torch's `_foreach_mul_` refuses an empty list).
+    torch = pytest.importorskip("torch")
+    from horovodlite.torch.tensors import TORCH_TENSORS as kind
+
+    values = [torch.arange(20000.0), torch.arange(30000.0).reshape(100, 300)]
+    batch = [v.clone() for v in values]
+    buffer, parts = kind.join(batch, 1.0, reused=True)
+    results = kind.split(buffer, parts, batch, [True, True], 0.5)
+    for result, tensor, value in zip(results, batch, values):
+        assert result is tensor and torch.equal(tensor, value * 0.5)

@@ -128,20 +128,19 @@ class _TorchTensors(TensorKind):
         # flat views (join's); a view of a result only where it is handed out.
         pieces = buffer.split([part.shape[0] for part in parts])
         back = [i for i, flag in enumerate(inplace) if flag]
+        alone = set()
         if factor != 1.0 and not buffer.is_cuda:
             # On the host a pass over memory costs more than a call: a large in-place result
             # takes the factor on its way out, one pass where scaling first makes two.
             least = _SCALED_ON_THE_WAY_BYTES // buffer.element_size()
-            alone = [i for i in back if parts[i].shape[0] >= least]
+            alone = {i for i in back if parts[i].shape[0] >= least}
+        if alone:
             for i in alone:
                 torch.mul(pieces[i], factor, out=parts[i])
-            if alone:
-                taken = set(alone)
-                back = [i for i in back if i not in taken]
-                rest = [pieces[i] for i in range(len(pieces)) if i not in taken]
+            back = [i for i in back if i not in alone]
+            rest = [piece for i, piece in enumerate(pieces) if i not in alone]
+            if rest:  # (torch refuses an empty list)
                 torch._foreach_mul_(rest, factor)
-            else:
-                buffer.mul_(factor)
         elif factor != 1.0:
             buffer.mul_(factor)
         if back:
