@@ -56,6 +56,7 @@ __all__ = [
     "fused_by_kind",
     "fusion_key",
     "lay_out",
+    "reduce_tensor",
     "zeros_entry",
 ]
 
@@ -328,13 +329,7 @@ def _tensor_batch(comm, entries: list, span) -> list:
         if prescale != 1.0:
             kind.scale(out, prescale)
         with span(f"ALLREDUCE_{transport.name.upper()}"):
-            if moves:
-                kind.allreduce(transport, comm, out, source, combined)
-            elif source is not None:
-                kind.flat(out)[...] = kind.flat(source)
-        if factor != 1.0:
-            kind.scale(out, factor)
-        return [out]
+            return [reduce_tensor(kind, transport, comm, out, source, combined, moves, factor)]
     tensors = [entry.array for entry in entries]
     with span("MEMCPY_IN_FUSION_BUFFER"):
         inplace = [entry.inplace for entry in entries]
@@ -344,6 +339,20 @@ def _tensor_batch(comm, entries: list, span) -> list:
             kind.allreduce(transport, comm, buffer, None, combined)
     with span("MEMCPY_OUT_FUSION_BUFFER"):
         return kind.split(buffer, parts, tensors, inplace, factor)
+
+
+def reduce_tensor(kind, transport, comm, out, source, op, moves: bool, factor: float):
+    """Reduce a framework tensor as it is, and return `out`: `source` (or `out` itself, where
+    None) into `out` with `op` (a Sum, Min, Max or Product) where data `moves` (more than one
+    rank, not empty), else `source` copied over; then times `factor`. The one transfer of the
+    short way (small_allreduce.tensor_allreduce) and of the engine's single tensors."""
+    if moves:
+        kind.allreduce(transport, comm, out, source, op)
+    elif source is not None:  # one rank, or nothing to move: the result is the input
+        kind.flat(out)[...] = kind.flat(source)
+    if factor != 1.0:
+        kind.scale(out, factor)
+    return out
 
 
 def _through_views(comm, entries: list, span) -> list:

@@ -34,7 +34,7 @@ from . import algorithms
 from .agreement import digest, exchange_with_data, explain, inline_bytes, same_everywhere
 from .algorithms.native import MPI_OPS
 from .buffers import is_cupy_array, native_mpi_type
-from .fusion import FusionEntry, allreduce_fields, fused_allreduce
+from .fusion import FusionEntry, allreduce_fields, fused_allreduce, reduce_tensor
 from .ops import ReduceOp, combined_as, result_factor
 from .plan import templates, waiter
 from .process_sets import global_process_set
@@ -259,13 +259,7 @@ def tensor_allreduce(tensor, kind: TensorKind, name, inplace: bool, options: dic
         joined = _beside_joined(comm, array, _module_of(array), op, inplace, requested)
         return kind.from_core(joined, tensor, inplace)
     source = None if inplace else tensor
-    if moves:
-        kind.allreduce(transport, comm, out, source, combined)
-    elif source is not None:  # one rank, or nothing to move: the result is the input
-        kind.flat(out)[...] = kind.flat(source)
-    if factor != 1.0:
-        kind.scale(out, factor)
-    return out
+    return reduce_tensor(kind, transport, comm, out, source, combined, moves, factor)
 
 
 def tensors_taken(tensor, kind: TensorKind, memo: dict, settings) -> bool:

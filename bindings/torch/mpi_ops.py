@@ -19,7 +19,7 @@ from horovodlite.small_allreduce import tensor_allreduce
 from horovodlite.training import collective_gradients, reduce_kwargs
 
 from .compression import Compression
-from .tensors import TORCH_TENSORS, TensorView, on_default_stream
+from .tensors import TORCH_TENSORS, TensorView, on_default_stream, ordered_for_caller
 
 __all__ = [
     "allreduce",
@@ -118,11 +118,12 @@ def _allreduce_one_async(tensor, *, name, args: dict, inplace: bool) -> Handle:
     On torch's gloo or NCCL the tensor itself travels (asynchronous.tensor_allreduce_async),
     where the engine's work on its GPU queues after the caller's (the default stream is current).
     """
-    data = tensor.detach() if tensor.requires_grad else tensor
-    if not data.is_cuda or on_default_stream(data):
+    data = _as_they_may_go(tensor)
+    if data is not None:
         handle = tensor_allreduce_async(data, TORCH_TENSORS, name, inplace, args)
         if handle is not None:
-            return Handle(handle, functools.partial(_as_it_is, tensor) if inplace else _ordered)
+            finish = functools.partial(_as_it_is, tensor) if inplace else ordered_for_caller
+            return Handle(handle, finish)
     view = TensorView(tensor)
     if inplace:
         # (allreduce_async itself: allreduce_async_ would pass every argument on once more)
@@ -136,13 +137,13 @@ def _allreduce_async(tensors: list, *, name, args: dict, inplace: bool) -> Handl
 
     As _allreduce_one_async, the tensors themselves travel where they can, all or none.
     """
-    data = [tensor.detach() if tensor.requires_grad else tensor for tensor in tensors]
-    if all(not d.is_cuda or on_default_stream(d) for d in data):
+    data = [_as_they_may_go(tensor) for tensor in tensors]
+    if all(d is not None for d in data):
         handle = grouped_tensor_allreduce_async(data, TORCH_TENSORS, name, inplace, args)
         if handle is not None:
             if inplace:
                 return Handle(handle, lambda _: [_as_it_is(t, None) for t in tensors])
-            return Handle(handle, lambda results: [_ordered(r) for r in results])
+            return Handle(handle, lambda results: [ordered_for_caller(r) for r in results])
     views = [TensorView(t) for t in tensors]
     finish = [v.write_back if inplace else v.to_tensor for v in views]
     handle = core.grouped_allreduce_async(
@@ -154,16 +155,15 @@ def _allreduce_async(tensors: list, *, name, args: dict, inplace: bool) -> Handl
 def _as_it_is(tensor, result) -> torch.Tensor:
     """Finish an in-place all-reduce whose tensor travelled as it is: `result` is its data."""
     torch.autograd.graph.increment_version(tensor)  # (as torch's own in-place ops: write_back)
-    return _ordered(tensor)
+    return ordered_for_caller(tensor)
 
 
-def _ordered(tensor) -> torch.Tensor:
-    """Return a result the engine queued on its GPU's default stream, which the caller's
-    current stream then waits for (nothing waits where they are one stream, or on the host)."""
-    if tensor.is_cuda and not on_default_stream(tensor):
-        device = tensor.device
-        torch.cuda.current_stream(device).wait_stream(torch.cuda.default_stream(device))
-    return tensor
+def _as_they_may_go(tensor):
+    """Return `tensor` as it travels as it is (detached where autograd records), or None where
+    it cannot: a CUDA tensor on a side stream, which the engine's work on the default stream
+    would not follow, and which would share this thread's kept buffer across streams."""
+    data = tensor.detach() if tensor.requires_grad else tensor
+    return data if not data.is_cuda or on_default_stream(data) else None
 
 
 def _allreduce_now(tensor, *, name, args: dict, inplace: bool = False) -> torch.Tensor:
@@ -185,8 +185,8 @@ def _grouped_allreduce_now(tensors, *, name, args: dict, inplace: bool = False) 
     """Run grouped_allreduce on `tensors`: as they are on torch's gloo or NCCL (all or none,
     on the default stream as the engine's batches: the thread's kept buffer is used there
     alone), else as views."""
-    data = [tensor.detach() if tensor.requires_grad else tensor for tensor in tensors]
-    if all(not d.is_cuda or on_default_stream(d) for d in data):
+    data = [_as_they_may_go(tensor) for tensor in tensors]
+    if all(d is not None for d in data):
         results = grouped_tensor_allreduce(data, TORCH_TENSORS, name, inplace, args)
         if results is not None:
             if not inplace:

@@ -24,7 +24,7 @@ from horovodlite.tensor_kind import TensorKind
 
 from .transport import TorchTransport  # (importing it registers the gloo and nccl transports)
 
-__all__ = ["TORCH_TENSORS", "TensorView", "on_default_stream"]
+__all__ = ["TORCH_TENSORS", "TensorView", "on_default_stream", "ordered_for_caller"]
 
 _CUPY = importlib.util.find_spec("cupy") is not None
 
@@ -62,11 +62,8 @@ class TensorView:
             with torch.no_grad():
                 self.tensor.copy_(self.to_tensor(array).reshape(self.tensor.shape))
         else:
-            if self.tensor.is_cuda and not on_default_stream(self.tensor):
-                # NCCL's result is ordered on CuPy's null stream (transport._run), the default
-                # stream; a caller on a side stream of its own would not wait for it without this.
-                device = self.tensor.device
-                torch.cuda.current_stream(device).wait_stream(torch.cuda.default_stream(device))
+            # (NCCL's result is ordered on CuPy's null stream, transport._run: the default one)
+            ordered_for_caller(self.tensor)
             torch.autograd.graph.increment_version(self.tensor)
         return self.tensor
 
@@ -235,6 +232,17 @@ def _load_cupy():
 # and default_stream() wrap in Python that costs several microseconds a call.
 _current_stream = getattr(torch._C, "_cuda_getCurrentStream", None)
 _default_stream = getattr(torch._C, "_cuda_getDefaultStream", None)
+
+
+def ordered_for_caller(tensor: torch.Tensor) -> torch.Tensor:
+    """Return `tensor`, a result queued on its GPU's default stream (the engine's work, NCCL's
+    on CuPy's null stream), after making the caller's current stream wait for that stream: a
+    caller on a side stream of its own would not wait for it otherwise. Nothing waits where the
+    two are one stream, or on the host."""
+    if tensor.is_cuda and not on_default_stream(tensor):
+        device = tensor.device
+        torch.cuda.current_stream(device).wait_stream(torch.cuda.default_stream(device))
+    return tensor
 
 
 def on_default_stream(tensor: torch.Tensor) -> bool:
