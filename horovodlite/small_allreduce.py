@@ -39,7 +39,7 @@ from .ops import ReduceOp, combined_as, result_factor
 from .plan import templates, waiter
 from .process_sets import global_process_set
 from .result_memory import new_host_like
-from .staging import OWN_PRECISION_SCALES, deliver, scale
+from .staging import deliver, scale
 from .state import current
 from .tensor_kind import TensorKind
 from .transport import ON_DEVICE, select
@@ -306,8 +306,8 @@ def _tensor_route(tensor, kind, op, name, requested, state):
         return None
     size = state.comm.size
     factor = result_factor(op, 1.0, size)
-    if factor != 1.0 and dtype not in OWN_PRECISION_SCALES:
-        return None  # (integers truncate, and half types round, as scale() does)
+    if factor != 1.0 and not kind.scales_alike(dtype, on_host):
+        return None  # (integers truncate through float64 in scale(): no framework's multiply)
     fields = allreduce_fields(name, _Described(dtype, shape), op, 1.0, 1.0, requested, on_host)
     moves = size > 1 and math.prod(shape) > 0
     wait = waiter(state, fields, range(size))

@@ -21,7 +21,6 @@ __all__ = [
     "deliver",
     "copy_parts",
     "scale",
-    "OWN_PRECISION_SCALES",
 ]
 
 
@@ -151,10 +150,6 @@ void copy_parts(const unsigned long long* table, int n, T factor, int scaled) {
 """
 _PLAIN_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 _SCALED_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
-
-# The dtypes whose scaling any library's plain multiply does as scale() does (one multiply in the
-# dtype's own precision); integers truncate through float64, and half types round their own way.
-OWN_PRECISION_SCALES = frozenset(_SCALED_TYPES)
 _kernels: dict = {}
 
 

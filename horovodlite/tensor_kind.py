@@ -40,7 +40,15 @@ class TensorKind:
         raise NotImplementedError
 
     def scale(self, tensor, factor: float) -> None:
-        """Multiply a float tensor by `factor` in place."""
+        """Multiply a float tensor by `factor` in place, rounding as the general way's
+        staging.scale does wherever scales_alike() says so."""
+        raise NotImplementedError
+
+    def scales_alike(self, dtype, on_host: bool) -> bool:
+        """Return whether scale(), join() and split() round a tensor of numpy `dtype` (on the
+        host or not) as staging.scale rounds its view, bit for bit: only such tensors travel
+        as they are with a factor, so that a batch reduced through views on another rank gives
+        the same results."""
         raise NotImplementedError
 
     def allreduce(self, transport, comm, out, source, op) -> None:

@@ -19,7 +19,6 @@ from .fusion import TensorEntry
 from .ops import result_factor
 from .plan import Plan, templates
 from .process_sets import communicator, global_process_set
-from .staging import OWN_PRECISION_SCALES
 from .state import current
 from .transport import ON_DEVICE, select
 
@@ -100,6 +99,6 @@ def _tensor_template(tensor, kind, op, name, prescale, postscale, process_set, a
     if not kind.carried_by(select(settings, xp, entry.op, dtype)):
         return None
     scaled = entry.prescale != 1.0 or result_factor(entry.op, entry.postscale, size) != 1.0
-    if scaled and dtype not in OWN_PRECISION_SCALES:
+    if scaled and not kind.scales_alike(dtype, on_host):
         return None
     return entry.op, entry.requested, plan.fields, entry.key, dtype, xp

@@ -165,3 +165,41 @@ def test_torch_batch_of_large_in_place_tensors_only_is_scaled_on_the_way_out():
     results = kind.split(buffer, parts, batch, [True, True], 0.5)
     for result, tensor, value in zip(results, batch, values):
         assert result is tensor and torch.equal(tensor, value * 0.5)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_torch_half_types_are_scaled_as_the_general_way_scales_their_views(dtype):
+    # A half-type tensor travels as it is with a factor (Average, Compression.fp16) only because
+    # torch's multiply rounds as staging.scale rounds its numpy view: tried on every value, by
+    # every way the kind scales (a single tensor, join's prescale, split's factor on a large
+    # in-place result, on small ones and on new results). torch's `_foreach_mul_` would not.
+    torch = pytest.importorskip("torch")
+    from horovodlite.torch.tensors import TORCH_TENSORS as kind
+
+    from horovodlite.staging import scale
+
+    every = torch.from_numpy(np.arange(-32768, 32768, dtype=np.int16)).view(getattr(torch, dtype))
+    as_numpy = every.view(torch.int16).numpy().view(kind.describe(every)[0])
+
+    def assert_scaled(result, values, factor):
+        expected = values.copy()
+        scale(np, expected, factor)
+        got = result.reshape(-1).view(torch.int16).numpy().view(expected.dtype)
+        same = got.view(np.uint16) == expected.view(np.uint16)
+        nan = np.isnan(expected.astype(np.float32)) & np.isnan(got.astype(np.float32))
+        assert (same | nan).all(), f"{(~(same | nan)).sum()} values rounded otherwise"
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        for factor in (1 / 3, 0.1, 1 / 7):
+            one = every.clone()
+            kind.scale(one, factor)
+            assert_scaled(one, as_numpy, factor)
+            buffer, _ = kind.join([every[:40000], every[40000:]], factor, reused=False)
+            assert_scaled(buffer, as_numpy, factor)
+            # 128 KiB in place (scaled on its way out), 100 values in place, the rest new.
+            batch = [every.clone(), every[:100].clone(), every[100:].clone()]
+            buffer, parts = kind.join(batch, 1.0, reused=False)
+            results = kind.split(buffer, parts, batch, [True, True, False], factor)
+            assert_scaled(results[0], as_numpy, factor)
+            assert_scaled(results[1], as_numpy[:100], factor)
+            assert_scaled(results[2], as_numpy[100:], factor)

@@ -103,7 +103,10 @@ class _TorchTensors(TensorKind):
         return tensor.view(-1)
 
     def scale(self, tensor, factor: float) -> None:
-        tensor.mul_(factor)
+        tensor.mul_(_as_the_core_scales(tensor, factor))
+
+    def scales_alike(self, dtype, on_host: bool) -> bool:
+        return dtype in _SCALED_ALIKE
 
     def allreduce(self, transport, comm, out, source, op) -> None:
         transport.allreduce_tensor(comm, out, source, op)
@@ -116,7 +119,7 @@ class _TorchTensors(TensorKind):
         else:
             buffer = torch.cat(parts)
         if prescale != 1.0:
-            buffer.mul_(prescale)
+            buffer.mul_(_as_the_core_scales(buffer, prescale))
         return buffer, parts
 
     def split(self, buffer, parts: list, tensors: list, inplace: list, factor: float) -> list:
@@ -126,7 +129,7 @@ class _TorchTensors(TensorKind):
         pieces = buffer.split([part.shape[0] for part in parts])
         back = [i for i, flag in enumerate(inplace) if flag]
         alone = set()
-        if factor != 1.0 and not buffer.is_cuda:
+        if factor != 1.0 and not buffer.is_cuda and buffer.dtype in _FOREACH_SCALES_ALIKE:
             # On the host a pass over memory costs more than a call: a large in-place result
             # takes the factor on its way out, one pass where scaling first makes two.
             least = _SCALED_ON_THE_WAY_BYTES // buffer.element_size()
@@ -139,7 +142,7 @@ class _TorchTensors(TensorKind):
             if rest:  # (torch refuses an empty list)
                 torch._foreach_mul_(rest, factor)
         elif factor != 1.0:
-            buffer.mul_(factor)
+            buffer.mul_(_as_the_core_scales(buffer, factor))
         if back:
             _copy_each([parts[i] for i in back], [pieces[i] for i in back])
         return [
@@ -156,6 +159,30 @@ class _TorchTensors(TensorKind):
 
 
 TORCH_TENSORS = _TorchTensors()
+
+# The dtypes whose multiply by a factor torch rounds as staging.scale rounds the general way's
+# view, bit for bit (tests/test_transport.py tries every half-type value on the host):
+# float32 and float64 in their own precision; float16 and bfloat16 on the host in float32 math
+# with a float32 factor, as numpy's; float16 on a GPU in float32 math with the factor rounded to
+# float16 (_as_the_core_scales), which is CuPy's float16 multiply: from the exact product of two
+# float16 values, one rounding either way; bfloat16 on a GPU is staged on the general way, so its
+# view scales on the host, as torch's float32 math does on the GPU. Integers stay on the general
+# way (it truncates through float64).
+_SCALED_ALIKE = frozenset(
+    np.dtype(t) for t in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
+)
+
+
+# torch's `_foreach_mul_` multiplies a half type on the host in its own precision (the factor
+# rounded to it), unlike `mul_` and numpy: only these dtypes take it.
+_FOREACH_SCALES_ALIKE = frozenset({torch.float32, torch.float64})
+
+
+def _as_the_core_scales(like: torch.Tensor, factor: float) -> float:
+    """Return `factor` as torch must multiply `like` by it to round as staging.scale does."""
+    if like.dtype is torch.float16 and like.is_cuda:
+        return float(np.float16(factor))
+    return factor
 
 
 def _copy_loop(targets: list, sources: list) -> None:

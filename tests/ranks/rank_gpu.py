@@ -444,6 +444,24 @@ def test_torch_cuda_async_tensors_travel_as_they_are(route, monkeypatch):
 
 
 @needs_torch_cuda
+def test_torch_cuda_float16_is_scaled_as_cupy_scales(route):
+    # float16 CUDA tensors with a factor travel as they are on NCCL, torch multiplying by the
+    # factor rounded to float16 as CuPy's view would be: a group of them against the same group
+    # of CuPy arrays (the general way), bit for bit, on every route.
+    cupy = pytest.importorskip("cupy")
+    rng = np.random.default_rng([390, hvd.rank()])
+    shapes = [(3,), (2, 5), (), (200, 200), (7,)]
+    values = [rng.standard_normal(s).astype(np.float16) for s in shapes]
+    options = dict(prescale_factor=1.5, postscale_factor=0.7)  # (and 1/n: Average)
+    references = hvd.grouped_allreduce([cupy.asarray(v) for v in values], name="cuda.half.ref",
+                                       **options)  # fmt: skip
+    for grouped in (hvd_torch.grouped_allreduce, hvd_torch.grouped_allreduce_):
+        outs = grouped([_cuda(v) for v in values], name="cuda.half", **options)
+        for out, reference in zip(outs, references):
+            assert out.cpu().numpy().tobytes() == cupy.asnumpy(reference).tobytes()
+
+
+@needs_torch_cuda
 def test_torch_cuda_mismatch_fails_on_every_rank(route):
     n, r = hvd.size(), hvd.rank()
     if n == 1:

@@ -477,6 +477,82 @@ def test_torch_async_tensors_beside_a_joined_rank(no_views):
     assert hvd.allgather_object(last) == [last] * n
 
 
+# (200, 200): 78 KiB, in place on the host it takes the factor on its way out of the buffer.
+HALF_SHAPES = [(3,), (2, 5), (), (200, 200), (0, 2), (7,)]
+
+
+def half_values(shape, dtype: str, seed: int):
+    """Return this rank's random values of half type `dtype` as (numpy array, torch tensor)."""
+    from horovodlite.torch.tensors import TORCH_TENSORS
+
+    rng = np.random.default_rng([seed, hvd.rank()])
+    floats = torch.from_numpy(rng.standard_normal(shape).astype(np.float32))
+    tensor = floats.to(getattr(torch, dtype))
+    dtype = TORCH_TENSORS.describe(tensor)[0]  # (bfloat16: ml_dtypes')
+    return tensor.view(torch.int16).numpy().view(dtype).copy(), tensor
+
+
+def same_bits(tensor, array) -> bool:
+    return tensor.view(torch.int16).numpy().tobytes() == array.view(np.int16).tobytes()
+
+
+def assert_same_everywhere(tensor, reference):
+    """Assert that every rank got the same bits, close to `reference` (the general way's result
+    of the same values, which may have summed in another order: gloo's ring order depends on
+    where an element lies in the buffer)."""
+    bits = tensor.view(torch.int16).numpy().tobytes()
+    assert all(other == bits for other in everyone(bits)), "the ranks' results differ"
+    np.testing.assert_allclose(tensor.float().numpy(), reference.astype(np.float32),
+                               rtol=2e-2, atol=2e-2)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_torch_half_types_travel_as_they_are_with_a_factor(no_views, joins, dtype):
+    # Average divides, and Compression.fp16 makes half-type gradients: they still travel as
+    # they are, and round as the general way rounds the same values (numpy arrays on the core's
+    # API, over the same gloo): bit for bit where the layout is the same (a single tensor, a
+    # group), sync, async (single and fused) and grouped.
+    values = [half_values(s, dtype, 360 + i) for i, s in enumerate(HALF_SHAPES)]
+    scaled = dict(prescale_factor=1.5, postscale_factor=0.7)  # (and 1/n: Average)
+    for i, (array, tensor) in enumerate(values):
+        reference = hvd.allreduce(array, name=f"half.ref.{dtype}.{i}")
+        out = hvd.torch.allreduce(tensor, name=f"half.sync.{dtype}.{i}")
+        assert same_bits(out, reference), i
+    arrays, tensors = [a for a, _ in values], [t for _, t in values]
+    references = hvd.grouped_allreduce(arrays, name=f"half.ref_group.{dtype}", **scaled)
+    outs = hvd.torch.grouped_allreduce(tensors, name=f"half.group.{dtype}", **scaled)
+    assert all(same_bits(out, reference) for out, reference in zip(outs, references))
+    for start in (hvd.torch.allreduce_async_, hvd.torch.allreduce_async):
+        handles = [start(t.clone(), name=f"half.async.{dtype}.{i}", **scaled)
+                   for i, t in enumerate(tensors)]  # fmt: skip
+        for handle, reference in zip(handles, references):
+            assert_same_everywhere(hvd.torch.synchronize(handle), reference)
+    assert max(len(args[0]) for args in joins) > 1  # fused: one buffer for several tensors
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_torch_half_types_meet_views_of_other_ranks_bit_for_bit(dtype):
+    # A rank whose batch holds a strided member reduces it through views, scaling with numpy;
+    # the others' tensors travel as they are, scaled by torch: every rank gets the same bits.
+    r = hvd.rank()
+    values = [half_values(s, dtype, 380 + i) for i, s in enumerate(HALF_SHAPES)]
+    scaled = dict(postscale_factor=0.7)  # (times 1/n: no power of two)
+    references = hvd.grouped_allreduce([a for a, _ in values], name=f"half.meet_ref.{dtype}",
+                                       **scaled)  # fmt: skip
+    for group in (False, True):
+        tensors = [t.clone() for _, t in values]
+        if r % 2:
+            tensors[1] = tensors[1].t().contiguous().t()  # the same values, strided
+        if group:
+            outs = hvd.torch.grouped_allreduce_(tensors, name=f"half.meet_group.{dtype}", **scaled)
+            assert all(same_bits(o.contiguous(), ref) for o, ref in zip(outs, references))
+            continue
+        handles = [hvd.torch.allreduce_async_(t, name=f"half.meet.{dtype}.{i}", **scaled)
+                   for i, t in enumerate(tensors)]  # fmt: skip
+        for handle, reference in zip(handles, references):
+            assert_same_everywhere(hvd.torch.synchronize(handle).contiguous(), reference)
+
+
 def test_kept_routes_follow_the_settings():
     # The short ways keep each call's route; settings that choose another transport (a new
     # Settings object, as the tests' fixtures and a re-init make) must not reuse them.
