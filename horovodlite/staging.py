@@ -12,6 +12,7 @@ import threading
 import numpy as np
 
 from .buffers import synchronize_device
+from .ops import half_kernels_for
 
 __all__ = [
     "staged",
@@ -68,8 +69,7 @@ def copy_in(dest, arrays: list, xp, prescale: float) -> None:
         offset = 0
         for part in flat:
             target = dest[offset : offset + part.size]
-            module.multiply(part, _factor_type(module, part.dtype)(prescale), out=target,
-                            casting="unsafe")  # fmt: skip
+            _multiply(module, part, prescale, target)
             offset += part.size
 
 
@@ -118,8 +118,7 @@ def deliver(buf, array, xp, inplace: bool, shape=None, factor: float = 1.0):
     if factor != 1.0:
         if inplace and type(out) is type(array) and not _same_memory(out, array):
             module = np if isinstance(out, np.ndarray) else xp
-            module.multiply(out, _factor_type(module, out.dtype)(factor), out=array,
-                            casting="unsafe")  # fmt: skip
+            _multiply(module, out, factor, array)
             return array
         scale(np if isinstance(out, np.ndarray) else xp, out, factor)
     if xp is not np and isinstance(out, np.ndarray):
@@ -192,7 +191,17 @@ def scale(xp, buf, factor: float) -> None:
     toward zero (the unsafe cast back).
     """
     if factor != 1.0:
-        xp.multiply(buf, _factor_type(xp, buf.dtype)(factor), out=buf, casting="unsafe")
+        _multiply(xp, buf, factor, buf)
+
+
+def _multiply(xp, source, factor: float, out) -> None:
+    """`out` = `source` * `factor`, rounded as scale() says; a framework's vectorized kernels
+    take large host half-type arrays where a binding lent them (ops.use_half_kernels)."""
+    kernels = half_kernels_for(out, source) if xp is np else None
+    if kernels is not None:
+        kernels.multiply(source, factor, out)
+        return
+    xp.multiply(source, _factor_type(xp, source.dtype)(factor), out=out, casting="unsafe")
 
 
 def _factor_type(xp, dtype):

@@ -168,7 +168,7 @@ def test_torch_batch_of_large_in_place_tensors_only_is_scaled_on_the_way_out():
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_torch_half_types_are_scaled_as_the_general_way_scales_their_views(dtype):
+def test_torch_half_types_are_scaled_as_the_general_way_scales_their_views(monkeypatch, dtype):
     # A half-type tensor travels as it is with a factor (Average, Compression.fp16) only because
     # torch's multiply rounds as staging.scale rounds its numpy view: tried on every value, by
     # every way the kind scales (a single tensor, join's prescale, split's factor on a large
@@ -176,8 +176,10 @@ def test_torch_half_types_are_scaled_as_the_general_way_scales_their_views(dtype
     torch = pytest.importorskip("torch")
     from horovodlite.torch.tensors import TORCH_TENSORS as kind
 
+    from horovodlite import ops
     from horovodlite.staging import scale
 
+    monkeypatch.setattr(ops, "_half_kernels", None)  # (the general way's scaling: numpy's own)
     every = torch.from_numpy(np.arange(-32768, 32768, dtype=np.int16)).view(getattr(torch, dtype))
     as_numpy = every.view(torch.int16).numpy().view(kind.describe(every)[0])
 
@@ -203,3 +205,49 @@ def test_torch_half_types_are_scaled_as_the_general_way_scales_their_views(dtype
             assert_scaled(results[0], as_numpy, factor)
             assert_scaled(results[1], as_numpy[:100], factor)
             assert_scaled(results[2], as_numpy[100:], factor)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_torch_half_kernels_round_as_numpy(dtype):
+    # The torch binding lends the core torch's vectorized float16 and bfloat16 kernels for
+    # large host arrays (numpy's are 20x slower): they must give numpy's bits, for every value
+    # against random partners, in a Sum, a Product and a scaling by a factor; an MPI op's
+    # read-only input takes no warning; small and strided arrays stay with numpy.
+    pytest.importorskip("torch")
+    import warnings
+
+    import ml_dtypes
+    from horovodlite.torch.half_kernels import TORCH_HALF_KERNELS as kernels
+
+    from horovodlite import ops, staging
+
+    every = np.arange(-32768, 32768, dtype=np.int16)
+    values = every.view(np.float16 if dtype == "float16" else ml_dtypes.bfloat16)
+    partners = np.random.default_rng(5).permutation(every).view(values.dtype)
+
+    def assert_same(got, want):
+        same = got.view(np.uint16) == want.view(np.uint16)
+        nan = np.isnan(got.astype(np.float32)) & np.isnan(want.astype(np.float32))
+        assert (same | nan).all(), f"{(~(same | nan)).sum()} values differ"
+
+    readonly = np.frombuffer(partners.tobytes(), dtype=values.dtype)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for op, ufunc in ((ops.Sum, np.add), (ops.Product, np.multiply)):
+            acc = values.copy()
+            kernels.combine(acc, readonly, op)
+            assert_same(acc, ufunc(values, partners))
+        for factor in (1 / 3, 0.1, 2.5):
+            out = np.empty_like(values)
+            kernels.multiply(values, factor, out)
+            expected = values.copy()
+            ops.use_half_kernels(None)
+            try:
+                staging.scale(np, expected, factor)
+            finally:
+                ops.use_half_kernels(kernels)
+            assert_same(out, expected)
+    assert ops.half_kernels_for(values, partners) is kernels
+    assert ops.half_kernels_for(values[:100], partners[:100]) is None  # numpy's own is faster
+    assert ops.half_kernels_for(values[::2], partners[::2]) is None
+    assert ops.half_kernels_for(values.astype(np.float32), partners.astype(np.float32)) is None

@@ -4,6 +4,7 @@ from horovodlite.training import common
 from horovodlite.training.common import *  # noqa: F403
 
 from . import elastic, functions, mpi_ops, pipeline, ps
+from . import half_kernels  # noqa: F401  (lends the core torch's half-type kernels)
 from .compression import Compression
 from .functions import *  # noqa: F403
 from .mpi_ops import *  # noqa: F403
