@@ -138,7 +138,7 @@ class HalfKernels:
         raise NotImplementedError
 
 
-HALF_TYPES = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
+_HALF_TYPES = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
 _HALF_KERNEL_MIN_SIZE = 1024
 _half_kernels = None
 
@@ -158,7 +158,7 @@ def half_kernels_for(out, source):
         or type(out) is not np.ndarray
         or type(source) is not np.ndarray
         or out.size < _HALF_KERNEL_MIN_SIZE
-        or out.dtype not in HALF_TYPES
+        or out.dtype not in _HALF_TYPES
         or source.dtype != out.dtype
         or not (out.flags.c_contiguous and source.flags.c_contiguous)
     ):
