@@ -3,8 +3,8 @@
 from horovodlite.training import common
 from horovodlite.training.common import *  # noqa: F403
 
-from . import elastic, functions, mpi_ops, pipeline, ps
-from . import half_kernels  # noqa: F401  (lends the core torch's half-type kernels)
+# (half_kernels: importing it lends the core torch's float16 and bfloat16 kernels)
+from . import elastic, functions, half_kernels, mpi_ops, pipeline, ps  # noqa: F401
 from .compression import Compression
 from .functions import *  # noqa: F403
 from .mpi_ops import *  # noqa: F403

@@ -38,10 +38,12 @@ class SyncBatchNorm(_BatchNorm):
         if not self.training or self.process_set.size() == 1:
             return super().forward(input)
         dims = [0] + list(range(2, input.dim()))
-        count = torch.tensor([input.numel() / input.shape[1]], dtype=input.dtype)
-        # float64 statistics: the sum-of-squares form would lose digits in float32.
+        # float64 statistics: the sum-of-squares form would lose digits in float32. The count
+        # lies on the input's device: torch.cat takes no CPU tensor beside CUDA ones.
+        count = torch.full((1,), input.numel() / input.shape[1], dtype=torch.float64,
+                           device=input.device)  # fmt: skip
         x = input.to(torch.float64)
-        stats = torch.cat([x.sum(dims), (x * x).sum(dims), count.to(torch.float64)])
+        stats = torch.cat([x.sum(dims), (x * x).sum(dims), count])
         total = allreduce(stats, op=core.Sum, name=None, process_set=self.process_set)
         channels = input.shape[1]
         n = total[-1]

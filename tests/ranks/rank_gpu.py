@@ -462,6 +462,30 @@ def test_torch_cuda_float16_is_scaled_as_cupy_scales(route):
 
 
 @needs_torch_cuda
+def test_torch_sync_batch_norm_on_cuda_matches_batch_norm_on_the_global_batch(route):
+    # SyncBatchNorm on CUDA inputs: its statistics travel as one CUDA tensor (its count made on
+    # the input's device: torch.cat took no CPU tensor beside CUDA ones), and the output, the
+    # running statistics and the input's gradient equal BatchNorm's over the whole batch.
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(7)
+    x = torch.randn(2 * n, 3, 5, dtype=torch.float64)
+    sync = hvd_torch.SyncBatchNorm(3).double().cuda()
+    plain = torch.nn.BatchNorm1d(3).double()
+    mine = x[2 * r : 2 * r + 2].cuda().requires_grad_()
+    whole = x.clone().requires_grad_()
+    out = sync(mine)
+    expected = plain(whole)
+    assert out.is_cuda
+    torch.testing.assert_close(out.cpu(), expected[2 * r : 2 * r + 2].detach())
+    torch.testing.assert_close(sync.running_mean.cpu(), plain.running_mean)
+    torch.testing.assert_close(sync.running_var.cpu(), plain.running_var)
+    weights = torch.arange(out.numel(), dtype=out.dtype).reshape(out.shape)
+    (out * weights.cuda()).sum().backward()
+    (expected * torch.cat(hvd.allgather_object(weights))).sum().backward()
+    torch.testing.assert_close(mine.grad.cpu(), whole.grad[2 * r : 2 * r + 2])
+
+
+@needs_torch_cuda
 def test_torch_cuda_mismatch_fails_on_every_rank(route):
     n, r = hvd.size(), hvd.rank()
     if n == 1:
