@@ -212,13 +212,15 @@ class _ZeroMixin(Wrapper):
         self.synchronize()
         grads = [s.grad for s in self._zero_shard.values() if s.grad is not None]
         norm_type = float(norm_type)
+        # (on the model's device: a rank whose shard holds no gradient must send what the
+        # others send, a CUDA tensor on a GPU)
+        zero = torch.zeros((), dtype=torch.float64, device=self._zero_params[0].device)
         if math.isinf(norm_type):
             local = max((g.detach().abs().max().double() for g in grads if g.numel()),
-                        default=torch.zeros((), dtype=torch.float64))  # fmt: skip
+                        default=zero)  # fmt: skip
             op = core.Max
         else:
-            local = sum((g.detach().double().abs().pow(norm_type).sum() for g in grads),
-                        torch.zeros((), dtype=torch.float64))  # fmt: skip
+            local = sum((g.detach().double().abs().pow(norm_type).sum() for g in grads), zero)
             op = core.Sum
         total = allreduce(local.reshape(1), name="zero.clip_grad_norm", op=op,
                           process_set=self._zero_settings.process_set)[0]  # fmt: skip
