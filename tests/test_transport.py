@@ -251,3 +251,22 @@ def test_torch_half_kernels_round_as_numpy(dtype):
     assert ops.half_kernels_for(values[:100], partners[:100]) is None  # numpy's own is faster
     assert ops.half_kernels_for(values[::2], partners[::2]) is None
     assert ops.half_kernels_for(values.astype(np.float32), partners.astype(np.float32)) is None
+
+
+def test_optimizer_state_tensors_are_made_where_the_root_has_them():
+    # broadcast_optimizer_state sends the state's structure first; a rank that lacks a tensor
+    # makes it where the root has it: on the host (Adam's `step` beside GPU parameters) or on
+    # this rank's own parameter device (here torch's "meta" device stands for a GPU).
+    torch = pytest.importorskip("torch")
+    from horovodlite.torch.functions import _fill, _skeleton
+
+    root = {"step": torch.tensor(3.0), "exp_avg": torch.ones(2, 3, device="meta")}
+    skeleton = _skeleton(root)
+    assert skeleton == {"step": ("__tensor__", (), "float32", "cpu"),
+                        "exp_avg": ("__tensor__", (2, 3), "float32", "meta")}  # fmt: skip
+    tensors: list = []
+    local = {"step": torch.tensor(0.0, device="meta")}  # fits but lies elsewhere: not reused
+    made = _fill(skeleton, local, tensors=tensors, device=torch.device("meta"))
+    assert made["step"].device.type == "cpu" and made["step"] is not local["step"]
+    assert made["exp_avg"].device.type == "meta" and made["exp_avg"].shape == (2, 3)
+    assert len(tensors) == 2

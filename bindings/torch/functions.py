@@ -49,9 +49,15 @@ broadcast_variables = broadcast_parameters
 
 
 def _skeleton(value):
-    """Return `value` with each tensor replaced by a (shape, dtype) placeholder."""
+    """Return `value` with each tensor replaced by a (shape, dtype, device type) placeholder.
+
+    The device type travels because optimizers keep some state on the host beside GPU
+    parameters (Adam's `step` unless capturable): each rank must make that tensor where the
+    root has it, or the broadcast would meet MPI on one rank and NCCL on another.
+    """
     if isinstance(value, torch.Tensor):
-        return ("__tensor__", tuple(value.shape), str(value.dtype).replace("torch.", ""))
+        dtype = str(value.dtype).replace("torch.", "")
+        return ("__tensor__", tuple(value.shape), dtype, value.device.type)
     if isinstance(value, dict):
         return {k: _skeleton(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -60,14 +66,21 @@ def _skeleton(value):
 
 
 def _fill(skeleton, local, *, tensors: list, device):
-    """Rebuild a structure from `skeleton`, reusing `local`'s tensors where they fit."""
+    """Rebuild a structure from `skeleton`, reusing `local`'s tensors where they fit; a tensor
+    the root has on a GPU is made on this rank's `device` (its parameters'), one on the host on
+    the host."""
     if isinstance(skeleton, tuple) and skeleton[:1] == ("__tensor__",):
-        _, shape, dtype = skeleton
+        _, shape, dtype, where = skeleton
         dtype = getattr(torch, dtype)
-        if isinstance(local, torch.Tensor) and tuple(local.shape) == shape and local.dtype == dtype:
+        if (
+            isinstance(local, torch.Tensor)
+            and tuple(local.shape) == shape
+            and local.dtype == dtype
+            and local.device.type == where
+        ):
             tensor = local
         else:
-            tensor = torch.zeros(shape, dtype=dtype, device=device)
+            tensor = torch.zeros(shape, dtype=dtype, device="cpu" if where == "cpu" else device)
         tensors.append(tensor)
         return tensor
     if isinstance(skeleton, dict):

@@ -375,6 +375,30 @@ def test_distributed_optimizer_on_gpu_equals_one_process(route):
 
 
 @needs_torch_cuda
+def test_broadcast_optimizer_state_keeps_host_state_on_the_host(route):
+    # Only the root has stepped (a checkpoint it loaded): its Adam keeps `step` on the host
+    # beside the GPU moments. Every rank makes each tensor where the root has it, so the
+    # broadcasts meet one transport, and Adam (not capturable) steps on every rank after.
+    model = _make_model(seed=0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y = torch.randn(4, 6).cuda(), torch.randn(4, 1).cuda()
+    if hvd.rank() == 0:
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    hvd_torch.broadcast_optimizer_state(optimizer, root_rank=0)
+    state = optimizer.state_dict()["state"]
+    for entries in state.values():
+        assert not entries["step"].is_cuda and entries["exp_avg"].is_cuda
+        assert float(entries["step"]) == 1.0
+    expected = hvd.broadcast_object([e["exp_avg"].cpu() for e in state.values()], root_rank=0)
+    for entries, want in zip(state.values(), expected):
+        assert torch.equal(entries["exp_avg"].cpu(), want)
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+
+
+@needs_torch_cuda
 def test_torch_cuda_on_a_side_stream(route):
     # Inputs made on a side stream behind a slow kernel, results read on it: the all-reduces
     # (the tensor itself on NCCL, a view of it elsewhere, the engine's) must order themselves
