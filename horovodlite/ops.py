@@ -151,7 +151,8 @@ def use_half_kernels(kernels) -> None:
 
 def half_kernels_for(out, source):
     """Return the lent HalfKernels where they take `out` and `source` (contiguous host numpy
-    arrays of one half type, large enough), else None."""
+    arrays of one half type, large enough, `source` writeable: a framework may refuse a
+    read-only view, as torch warns), else None."""
     kernels = _half_kernels
     if (
         kernels is None
@@ -161,6 +162,7 @@ def half_kernels_for(out, source):
         or out.dtype not in _HALF_TYPES
         or source.dtype != out.dtype
         or not (out.flags.c_contiguous and source.flags.c_contiguous)
+        or not source.flags.writeable
     ):
         return None
     return kernels

@@ -8,8 +8,6 @@ core (ops.use_half_kernels), where they take the large host arrays of every path
 and the MPI library's reductions, and the scaling on the way in and out.
 """
 
-import warnings
-
 import numpy as np
 
 import torch
@@ -19,15 +17,8 @@ __all__ = ["TORCH_HALF_KERNELS"]
 
 
 def _tensor(array) -> torch.Tensor:
-    """Return a torch view of a contiguous host float16 or bfloat16 (ml_dtypes) array."""
-    if array.flags.writeable:
-        return _viewed(array)
-    with warnings.catch_warnings():  # (an MPI op's input: torch warns, though nothing writes it)
-        warnings.simplefilter("ignore", UserWarning)
-        return _viewed(array)
-
-
-def _viewed(array) -> torch.Tensor:
+    """Return a torch view of a contiguous, writeable host float16 or bfloat16 (ml_dtypes)
+    array (ops.half_kernels_for hands over no other)."""
     if array.dtype == np.float16:
         return torch.from_numpy(array)
     return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
