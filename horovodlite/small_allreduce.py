@@ -306,7 +306,7 @@ def _tensor_route(tensor, kind, op, name, requested, state):
         return None
     size = state.comm.size
     factor = result_factor(op, 1.0, size)
-    if factor != 1.0 and not kind.scales_alike(dtype, on_host):
+    if factor != 1.0 and not kind.scales_alike(dtype):
         return None  # (integers truncate through float64 in scale(): no framework's multiply)
     fields = allreduce_fields(name, _Described(dtype, shape), op, 1.0, 1.0, requested, on_host)
     moves = size > 1 and math.prod(shape) > 0

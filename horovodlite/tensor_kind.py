@@ -44,11 +44,11 @@ class TensorKind:
         staging.scale does wherever scales_alike() says so."""
         raise NotImplementedError
 
-    def scales_alike(self, dtype, on_host: bool) -> bool:
-        """Return whether scale(), join() and split() round a tensor of numpy `dtype` (on the
-        host or not) as staging.scale rounds its view, bit for bit: only such tensors travel
-        as they are with a factor, so that a batch reduced through views on another rank gives
-        the same results."""
+    def scales_alike(self, dtype) -> bool:
+        """Return whether scale(), join() and split() round a tensor of numpy `dtype`, on the
+        host and on a GPU, as staging.scale rounds its view, bit for bit: only such tensors
+        travel as they are with a factor, so that a batch reduced through views on another rank
+        gives the same results."""
         raise NotImplementedError
 
     def allreduce(self, transport, comm, out, source, op) -> None:

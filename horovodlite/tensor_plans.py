@@ -99,6 +99,6 @@ def _tensor_template(tensor, kind, op, name, prescale, postscale, process_set, a
     if not kind.carried_by(select(settings, xp, entry.op, dtype)):
         return None
     scaled = entry.prescale != 1.0 or result_factor(entry.op, entry.postscale, size) != 1.0
-    if scaled and not kind.scales_alike(dtype, on_host):
+    if scaled and not kind.scales_alike(dtype):
         return None
     return entry.op, entry.requested, plan.fields, entry.key, dtype, xp

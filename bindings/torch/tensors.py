@@ -105,7 +105,7 @@ class _TorchTensors(TensorKind):
     def scale(self, tensor, factor: float) -> None:
         tensor.mul_(_as_the_core_scales(tensor, factor))
 
-    def scales_alike(self, dtype, on_host: bool) -> bool:
+    def scales_alike(self, dtype) -> bool:
         return dtype in _SCALED_ALIKE
 
     def allreduce(self, transport, comm, out, source, op) -> None:
