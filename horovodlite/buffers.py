@@ -6,6 +6,8 @@ arrays, so reductions on them run on the GPU (staging.py moves them through host
 MPI library is not CUDA-aware).
 """
 
+import functools
+import importlib.util
 import sys
 
 import ml_dtypes
@@ -17,6 +19,7 @@ __all__ = [
     "DTYPES_BY_NAME",
     "SUPPORTED_DTYPES",
     "as_array",
+    "cupy_holds",
     "is_cupy_array",
     "array_module",
     "device_module",
@@ -143,6 +146,20 @@ def device_module(device: str):
     import cupy
 
     return cupy
+
+
+def cupy_holds(dtype: np.dtype) -> bool:
+    """Return whether a CuPy array can hold GPU data of `dtype` here: CuPy is installed, and
+    the dtype is not bfloat16 (CuPy has none)."""
+    return dtype != _BFLOAT16 and _cupy_installed()
+
+
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+@functools.cache
+def _cupy_installed() -> bool:
+    return importlib.util.find_spec("cupy") is not None
 
 
 def synchronize_device(xp) -> None:

@@ -40,12 +40,13 @@ from . import algorithms
 from .agreement import array_fields
 from .algorithms.pieces import Pieces
 from .algorithms.scratch import scratch
-from .buffers import DTYPES_BY_NAME, array_module, device_module, synchronize_device
+from .buffers import DTYPES_BY_NAME, array_module, cupy_holds, device_module, synchronize_device
 from .ops import ReduceOp, combined_as, result_factor
 from .result_memory import new_array
 from .staging import copy_in, copy_parts, deliver, host_scratch, scale, staged
 from .state import current
-from .transport import select
+from .tensor_kind import device_tensors
+from .transport import ON_DEVICE, select
 
 __all__ = [
     "FusionEntry",
@@ -103,8 +104,10 @@ class TensorEntry(FusionEntry):
 def fusion_key(dtype, op, prescale, postscale, requested, xp) -> tuple:
     """Return the key of an all-reduce: those with equal keys can share one fusion buffer and
     one collective. Equal keys are one object (buckets.into_batches compares them by identity).
+    `xp` is numpy for host data, else CuPy or transport.ON_DEVICE: GPU data fuses alike
+    whether it goes as CuPy arrays or as a framework's tensors.
     """
-    key = (dtype, op, prescale, postscale, requested, xp.__name__)
+    key = (dtype, op, prescale, postscale, requested, xp is np)
     if len(_KEYS) > 4096:  # (scale factors that change every call: start afresh)
         _KEYS.clear()
     return _KEYS.setdefault(key, key)
@@ -114,18 +117,23 @@ _KEYS: dict = {}  # the fusion keys made so far: a handful of kinds in a trainin
 
 
 def zeros_entry(fields: dict) -> FusionEntry:
-    """Return the all-reduce of zeros a joined rank runs in place of one it never made."""
+    """Return the all-reduce of zeros a joined rank runs in place of one it never made.
+
+    GPU data that no CuPy array can hold (bfloat16, or CuPy missing) travels as a framework's
+    tensors on the other ranks (tensor_plans.py): its zeros are a tensor of the kind the binding
+    lent for it (tensor_kind.use_device_tensors), moved the same way.
+    """
+    dtype, shape, op = DTYPES_BY_NAME[fields["dtype"]], fields["shape"], ReduceOp[fields["op"]]
+    prescale, postscale = fields["prescale_factor"], fields["postscale_factor"]
+    requested = fields["algorithm"]
+    kind = device_tensors() if fields["device"] != "cpu" and not cupy_holds(dtype) else None
+    if kind is not None:
+        key = fusion_key(dtype, op, prescale, postscale, requested, ON_DEVICE)
+        zeros = kind.zeros(dtype, tuple(shape))
+        return TensorEntry(zeros, kind, dtype, ON_DEVICE, False, op, prescale, postscale,
+                           requested, key)  # fmt: skip
     xp = device_module(fields["device"])
-    zeros = xp.zeros(fields["shape"], dtype=DTYPES_BY_NAME[fields["dtype"]])
-    return FusionEntry(
-        zeros,
-        xp,
-        False,
-        ReduceOp[fields["op"]],
-        fields["prescale_factor"],
-        fields["postscale_factor"],
-        fields["algorithm"],
-    )
+    return FusionEntry(xp.zeros(shape, dtype=dtype), xp, False, op, prescale, postscale, requested)
 
 
 def allreduce_fields(

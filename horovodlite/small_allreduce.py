@@ -34,7 +34,14 @@ from . import algorithms
 from .agreement import digest, exchange_with_data, explain, inline_bytes, same_everywhere
 from .algorithms.native import MPI_OPS
 from .buffers import is_cupy_array, native_mpi_type
-from .fusion import FusionEntry, allreduce_fields, fused_allreduce, reduce_tensor
+from .fusion import (
+    FusionEntry,
+    TensorEntry,
+    allreduce_fields,
+    fused_allreduce,
+    fusion_key,
+    reduce_tensor,
+)
 from .ops import ReduceOp, combined_as, result_factor
 from .plan import templates, waiter
 from .process_sets import global_process_set
@@ -255,9 +262,12 @@ def tensor_allreduce(tensor, kind: TensorKind, name, inplace: bool, options: dic
         dtype, shape, on_host = kind.describe(tensor)
         explain(comm, allreduce_fields(name, _Described(dtype, shape), op, 1.0, 1.0, requested,
                                        on_host))  # fmt: skip
-        array = kind.to_core(tensor)
-        joined = _beside_joined(comm, array, _module_of(array), op, inplace, requested)
-        return kind.from_core(joined, tensor, inplace)
+        # Beside a joined rank (explain raises otherwise): the tensor goes as it is, as one the
+        # engine moves, where the joined rank's zeros meet it (fusion.zeros_entry).
+        xp = np if on_host else ON_DEVICE
+        key = fusion_key(dtype, op, 1.0, 1.0, requested, xp)
+        entry = TensorEntry(tensor, kind, dtype, xp, inplace, op, 1.0, 1.0, requested, key)
+        return fused_allreduce(comm, [entry])[0]
     source = None if inplace else tensor
     return reduce_tensor(kind, transport, comm, out, source, combined, moves, factor)
 

@@ -10,7 +10,9 @@ Used by the short all-reduce (small_allreduce.tensor_allreduce) and by the engin
 batches (fusion.TensorEntry).
 """
 
-__all__ = ["TensorKind"]
+from typing import Optional
+
+__all__ = ["TensorKind", "device_tensors", "use_device_tensors"]
 
 
 class TensorKind:
@@ -71,6 +73,12 @@ class TensorKind:
         view of `buffer` shaped as the tensor."""
         raise NotImplementedError
 
+    def zeros(self, dtype, shape: tuple):
+        """Return a tensor of zeros of numpy `dtype` and `shape` on this process's current GPU:
+        a joined rank's part in an all-reduce of GPU data that no CuPy array can hold
+        (fusion.zeros_entry)."""
+        raise NotImplementedError
+
     def to_core(self, tensor):
         """Return `tensor` as a numpy or CuPy array (its memory, for the general way)."""
         raise NotImplementedError
@@ -78,3 +86,20 @@ class TensorKind:
     def from_core(self, array, tensor, inplace: bool):
         """Return the general way's result `array` as the result for `tensor`."""
         raise NotImplementedError
+
+
+# The kind whose tensors hold GPU data that no CuPy array can (bfloat16, or CuPy missing): a
+# binding whose transport moves such tensors as they are lends it (the torch binding does).
+_device_tensors: Optional[TensorKind] = None
+
+
+def use_device_tensors(kind: Optional[TensorKind]) -> None:
+    """Make `kind` the one whose zeros a joined rank contributes to all-reduces of GPU data that
+    no CuPy array can hold (None: none)."""
+    global _device_tensors
+    _device_tensors = kind
+
+
+def device_tensors() -> Optional[TensorKind]:
+    """Return the kind use_device_tensors() lent, or None."""
+    return _device_tensors

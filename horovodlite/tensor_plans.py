@@ -15,7 +15,7 @@ import numpy as np
 from . import small_allreduce
 from .checks import set_id
 from .collectives import allreduce_plan, template_key
-from .fusion import TensorEntry
+from .fusion import TensorEntry, fusion_key
 from .ops import result_factor
 from .plan import Plan, templates
 from .process_sets import communicator, global_process_set
@@ -93,12 +93,18 @@ def _tensor_template(tensor, kind, op, name, prescale, postscale, process_set, a
     entry = plan.fusion
     if plan.error is not None or entry is None:
         return None
-    if plan.fields["device"] != ("cpu" if on_host else "cuda"):
-        return None  # (a tensor staged through host memory: its view is a host array)
     xp = np if on_host else ON_DEVICE
     if not kind.carried_by(select(settings, xp, entry.op, dtype)):
         return None
     scaled = entry.prescale != 1.0 or result_factor(entry.op, entry.postscale, size) != 1.0
     if scaled and not kind.scales_alike(dtype):
         return None
-    return entry.op, entry.requested, plan.fields, entry.key, dtype, xp
+    fields, key = plan.fields, entry.key
+    if not on_host and fields["device"] == "cpu":
+        # A GPU tensor whose view is staged through host memory (no CuPy array holds it:
+        # bfloat16, or CuPy missing) stays on its GPU here, and is agreed on as GPU data, as
+        # small_allreduce.tensor_allreduce agrees on it; a joined rank's zeros follow
+        # (fusion.zeros_entry).
+        fields = dict(fields, device="cuda")
+        key = fusion_key(dtype, entry.op, entry.prescale, entry.postscale, entry.requested, xp)
+    return entry.op, entry.requested, fields, key, dtype, xp

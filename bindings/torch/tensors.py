@@ -5,12 +5,14 @@ The core works on numpy and CuPy arrays. A CPU tensor is viewed as numpy without
 run on the default stream, which then orders everything, else through DLPack, which orders
 CuPy's current stream after torch's with an event instead of waiting on the host (the CUDA array
 interface makes CuPy synchronize torch's stream from the host, stalling the backward pass that
-submits the gradient). Where CuPy is missing, or cannot hold the dtype (bfloat16), CUDA tensors
-are staged through host memory.
+submits the gradient). Where CuPy is missing, or cannot hold the dtype (bfloat16), a CUDA
+tensor's view is staged through host memory.
 
 Where torch's own gloo or NCCL groups move a tensor, the short all-reduce and the engine take it
 without any view (`TORCH_TENSORS`, small_allreduce.tensor_allreduce, fusion.TensorEntry): the
-engine joins a batch into one torch buffer and splits it back.
+engine joins a batch into one torch buffer and splits it back. So the all-reduces of CUDA
+tensors that no CuPy array holds stay on the GPU too, on torch's NCCL: those that go as they are
+(contiguous, on the default stream; tensor_plans.py says which).
 """
 
 import importlib.util
@@ -20,7 +22,7 @@ import ml_dtypes
 import numpy as np
 
 import torch
-from horovodlite.tensor_kind import TensorKind
+from horovodlite.tensor_kind import TensorKind, use_device_tensors
 
 from .transport import TorchTransport  # (importing it registers the gloo and nccl transports)
 
@@ -81,6 +83,7 @@ _NUMPY_DTYPES = {
     torch.float32: np.dtype(np.float32),
     torch.float64: np.dtype(np.float64),
 }
+_TORCH_DTYPES = {dtype: torch_dtype for torch_dtype, dtype in _NUMPY_DTYPES.items()}
 
 
 class _TorchTensors(TensorKind):
@@ -150,6 +153,10 @@ class _TorchTensors(TensorKind):
             for tensor, piece, flag in zip(tensors, pieces, inplace)
         ]  # (a view costs 1.8 µs on the host: a flat result is its piece)
 
+    def zeros(self, dtype, shape: tuple):
+        device = torch.device("cuda", torch.cuda.current_device())
+        return torch.zeros(shape, dtype=_TORCH_DTYPES[dtype], device=device)
+
     def to_core(self, tensor):
         return TensorView(tensor).array
 
@@ -159,15 +166,18 @@ class _TorchTensors(TensorKind):
 
 
 TORCH_TENSORS = _TorchTensors()
+# A joined rank's zeros for GPU data that no CuPy array holds are torch's: the others' tensors
+# travel as they are on NCCL (horovodlite/tensor_plans.py).
+use_device_tensors(TORCH_TENSORS)
 
 # The dtypes whose multiply by a factor torch rounds as staging.scale rounds the general way's
 # view, bit for bit (tests/test_transport.py tries every half-type value on the host):
 # float32 and float64 in their own precision; float16 and bfloat16 on the host in float32 math
 # with a float32 factor, as numpy's; float16 on a GPU in float32 math with the factor rounded to
 # float16 (_as_the_core_scales), which is CuPy's float16 multiply: from the exact product of two
-# float16 values, one rounding either way; bfloat16 on a GPU is staged on the general way, so its
-# view scales on the host, as torch's float32 math does on the GPU. Integers stay on the general
-# way (it truncates through float64).
+# float16 values, one rounding either way; bfloat16 on a GPU in float32 math, as its view (no
+# CuPy array holds bfloat16) scales on the host. Integers stay on the general way (it truncates
+# through float64).
 _SCALED_ALIKE = frozenset(
     np.dtype(t) for t in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
 )

@@ -468,6 +468,67 @@ def test_torch_cuda_async_tensors_travel_as_they_are(route, monkeypatch):
 
 
 @needs_torch_cuda
+@pytest.mark.parametrize("case", ["bfloat16", "no CuPy"])
+def test_torch_cuda_tensors_no_cupy_array_holds_stay_on_the_gpu(route, case, monkeypatch):
+    # bfloat16 CUDA tensors (CuPy has no bfloat16), and every CUDA tensor where CuPy is missing
+    # (as the binding sees it here), have no CuPy view: their views are staged through host
+    # memory. On NCCL they travel as they are instead, async (fused), grouped and sync, no view
+    # made; elsewhere they are staged, and reduce alike. Values that bfloat16 holds exactly.
+    from horovodlite.torch import mpi_ops, tensors
+    from horovodlite.torch.tensors import TORCH_TENSORS
+
+    if case == "no CuPy":
+        monkeypatch.setattr(tensors, "_CUPY", False)
+    dtype = torch.bfloat16 if case == "bfloat16" else torch.float32
+    as_they_are = current().settings.transport == "nccl"
+    if as_they_are:
+        def refuse(tensor):
+            raise AssertionError("a CUDA tensor was viewed (staged) on NCCL")
+
+        monkeypatch.setattr(mpi_ops, "TensorView", refuse)
+    joined, join = [], TORCH_TENSORS.join
+
+    def spy(tensors, *args, **kwargs):
+        joined.append(len(tensors))
+        return join(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(TORCH_TENSORS, "join", spy)
+    r = hvd.rank()
+    shapes = [(3,), (2, 5), (), (0, 3), (130, 130), (7,)]
+
+    def host(x):
+        return x.float().cpu().numpy()
+
+    for _ in range(2):
+        bases = [(np.arange(int(np.prod(s))).reshape(s) % 7 + r + i).astype(np.float32)
+                 for i, s in enumerate(shapes)]  # fmt: skip
+        xs = [_cuda(base).to(dtype) for base in bases]
+        options = dict(op=hvd.Average, prescale_factor=2.0, postscale_factor=0.5)
+        starts = [hvd_torch.allreduce_async_ if i % 2 else hvd_torch.allreduce_async
+                  for i in range(len(xs))]  # fmt: skip
+        handles = [start(x, name=f"cuda.nocupy.{case}.{i}", **options)
+                   for i, (start, x) in enumerate(zip(starts, xs))]  # fmt: skip
+        for i, (handle, x, base) in enumerate(zip(handles, xs, bases)):
+            out = hvd_torch.synchronize(handle)
+            assert out.is_cuda and out.dtype == dtype and (out is x) == bool(i % 2)
+            expected = reduce_expected(everyone(base), hvd.Average, 2.0, 0.5)
+            np.testing.assert_array_equal(host(out), expected)
+        before = [host(x) for x in xs]
+        group = hvd_torch.grouped_allreduce_async_(xs, op=hvd.Sum, name=f"cuda.nocupy.{case}")
+        for out, x, value in zip(hvd_torch.synchronize(group), xs, before):
+            assert out is x and out.is_cuda and out.dtype == dtype
+            np.testing.assert_array_equal(host(x), reduce_expected(everyone(value), hvd.Sum))
+        outs = hvd_torch.grouped_allreduce(xs, op=hvd.Max, name=f"cuda.nocupy.now.{case}")
+        for out, x in zip(outs, xs):
+            assert out.is_cuda and out.dtype == dtype and out is not x
+            np.testing.assert_array_equal(host(out), reduce_expected(everyone(host(x)), hvd.Max))
+        out = hvd_torch.allreduce(xs[1], op=hvd.Min, name=f"cuda.nocupy.sync.{case}")
+        assert out.is_cuda and out.dtype == dtype
+        np.testing.assert_array_equal(host(out), reduce_expected(everyone(host(xs[1])), hvd.Min))
+    assert bool(joined) == as_they_are
+
+
+@needs_torch_cuda
 def test_torch_cuda_float16_is_scaled_as_cupy_scales(route):
     # float16 CUDA tensors with a factor travel as they are on NCCL, torch multiplying by the
     # factor rounded to float16 as CuPy's view would be: a group of them against the same group

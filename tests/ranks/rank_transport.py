@@ -14,8 +14,9 @@ import pytest
 from oracle import OPS, WORLD, assert_reduced, everyone, rank_values, reduce_expected
 
 import horovodlite as hvd
-from horovodlite import transport
+from horovodlite import staging, tensor_kind, transport
 from horovodlite.state import current
+from horovodlite.tensor_kind import TensorKind
 
 torch = pytest.importorskip("torch")
 import horovodlite.torch  # noqa: E402, F401  (registers gloo)
@@ -293,10 +294,19 @@ def test_torch_tensor_mismatch_fails_on_every_rank(no_views):
     assert hvd.torch.allreduce(torch.ones(2), op=hvd.Sum)[0] == hvd.size()  # still in step
 
 
-def test_torch_tensors_beside_a_joined_rank():
+def test_torch_tensors_beside_a_joined_rank(no_views, monkeypatch):
+    # The short way's check finds the joined rank; the tensors still go as they are (as one the
+    # engine moves), where the joined rank's zeros go the general way.
+    from horovodlite.torch.tensors import TORCH_TENSORS
+
     n, me = hvd.size(), hvd.rank()
     if n < 2:
         pytest.skip("a joined rank beside others needs two ranks")
+
+    def refuse(tensor):
+        raise AssertionError("the tensor was viewed as a core array")
+
+    monkeypatch.setattr(TORCH_TENSORS, "to_core", refuse)
     if me == 0:
         last = hvd.join()
     else:
@@ -575,3 +585,154 @@ def test_kept_routes_follow_the_settings():
         assert kept("routes.follow") == [None]  # MPI's own all-reduce: no transport object
     finally:
         state.settings = saved
+
+
+# -- GPU data that no CuPy array holds (bfloat16, or CuPy missing), on the host ---------------
+# A torch CUDA tensor whose view would be staged through host memory goes as it is on torch's
+# NCCL, agreed on as GPU data, and a joined rank contributes zeros of the kind the binding lent
+# (tensor_kind.use_device_tensors). No GPU here: a stand-in kind keeps numpy data that it calls
+# GPU data, and its transport is the one select() gives GPU data without NCCL (MPI), so these
+# lines run as they run on a GPU, with only the kind's calls differing. (CuPy is missing here, so
+# no CuPy array holds GPU data of any dtype: buffers.cupy_holds.)
+
+
+class StandIn:
+    """A "GPU tensor" of the stand-in kind: numpy data that is not a numpy array."""
+
+    device = "stand-in gpu"
+
+    def __init__(self, array):
+        self.a = array
+        self.dtype, self.shape, self.nbytes = array.dtype, array.shape, array.nbytes
+
+    def __setitem__(self, index, other) -> None:
+        self.a[index] = other.a
+
+
+class StandInKind(TensorKind):
+    """The stand-in kind: its tensors lie "on a GPU" and MPI moves them as they are."""
+
+    def __init__(self):
+        self.zeros_made = 0
+
+    def describe(self, tensor):
+        return tensor.dtype, tensor.shape, False
+
+    def contiguous(self, tensor) -> bool:
+        return True
+
+    def carried_by(self, chosen) -> bool:
+        return chosen.name == "mpi"
+
+    def empty_like(self, tensor):
+        return StandIn(np.empty_like(tensor.a))
+
+    def flat(self, tensor):
+        return StandIn(tensor.a.reshape(-1))
+
+    def scale(self, tensor, factor: float) -> None:
+        staging.scale(np, tensor.a, factor)
+
+    def scales_alike(self, dtype) -> bool:
+        return dtype.kind == "f"
+
+    def allreduce(self, chosen, comm, out, source, op) -> None:
+        buf = out.a.reshape(-1)
+        algorithm = chosen.allreduce_algorithm(None, buf.nbytes, buf.dtype, np, comm)
+        source = None if source is None else source.a.reshape(-1)
+        chosen.allreduce(comm, buf, op, np, algorithm, None, source)
+
+    def join(self, tensors, prescale: float, reused: bool) -> tuple:
+        parts = [StandIn(t.a.reshape(-1)) for t in tensors]
+        buffer = StandIn(np.concatenate([p.a for p in parts]))
+        self.scale(buffer, prescale)
+        return buffer, parts
+
+    def split(self, buffer, parts, tensors, inplace, factor: float) -> list:
+        self.scale(buffer, factor)
+        results, start = [], 0
+        for part, tensor, flag in zip(parts, tensors, inplace):
+            piece = buffer.a[start : start + part.a.size]
+            start += part.a.size
+            if flag:
+                part.a[...] = piece
+            results.append(tensor if flag else StandIn(piece.reshape(tensor.shape)))
+        return results
+
+    def zeros(self, dtype, shape: tuple):
+        self.zeros_made += 1
+        return StandIn(np.zeros(shape, dtype))
+
+    def to_core(self, tensor):
+        return tensor.a.copy()  # (as a staged view: a host copy)
+
+    def from_core(self, array, tensor, inplace: bool):
+        raise AssertionError("GPU data that no CuPy array holds went the general way")
+
+
+@pytest.fixture()
+def stand_in(monkeypatch):
+    """Lend the stand-in kind for GPU data that no CuPy array holds; return it."""
+    kind, lent = StandInKind(), tensor_kind.device_tensors()
+    tensor_kind.use_device_tensors(kind)
+    yield kind
+    tensor_kind.use_device_tensors(lent)
+
+
+def test_gpu_data_no_cupy_holds_goes_as_it_is(stand_in, monkeypatch):
+    # Agreed on as GPU data, fused into one buffer of the kind's, moved, split back: async in
+    # place and not, sync, with a factor and without.
+    from horovodlite.asynchronous import tensor_allreduce_async
+    from horovodlite.small_allreduce import tensor_allreduce
+    from horovodlite.tensor_plans import tensor_allreduce_plan
+
+    joined = calls_of(monkeypatch, stand_in, "join")
+    r = hvd.rank()
+    one = StandIn(np.ones(3, np.float32))
+    assert tensor_allreduce_plan(one, stand_in, "nocupy.plan", False, {}).fields["device"] == "cuda"
+    for _ in range(2):
+        bases = [rank_values(s, np.float32, r, seed=400 + i) for i, s in enumerate(ASYNC_SHAPES)]
+        xs = [StandIn(base.copy()) for base in bases]
+        options = dict(op=hvd.Average, prescale_factor=2.0)
+        handles = [tensor_allreduce_async(x, stand_in, f"nocupy.{i}", i % 2 == 1, options)
+                   for i, x in enumerate(xs)]  # fmt: skip
+        for i, (handle, x, base) in enumerate(zip(handles, xs, bases)):
+            out = hvd.synchronize(handle)
+            assert type(out) is StandIn and (out is x) == (i % 2 == 1)
+            expected = reduce_expected(everyone(base), hvd.Average, 2.0)
+            assert_reduced(out.a, expected, hvd.Average)
+        x = StandIn(bases[1].copy())
+        assert tensor_allreduce(x, stand_in, "nocupy.sync", True, {"op": hvd.Sum}) is x
+        assert_reduced(x.a, reduce_expected(everyone(bases[1]), hvd.Sum), hvd.Sum)
+    assert joined and stand_in.zeros_made == 0
+
+
+def test_gpu_data_no_cupy_holds_beside_a_joined_rank(stand_in):
+    # The joined rank's zeros are the lent kind's, moved as the others' tensors are: sync (the
+    # short way's check finds the joined rank) and async.
+    from horovodlite.asynchronous import tensor_allreduce_async
+    from horovodlite.small_allreduce import tensor_allreduce
+
+    n, me = hvd.size(), hvd.rank()
+    if n < 2:
+        pytest.skip("a joined rank beside others needs two ranks")
+    if me == 0:
+        last = hvd.join()
+        assert stand_in.zeros_made == 4
+    else:
+        total = n * (n - 1) / 2
+        x = StandIn(np.full((5,), float(me), np.float32))
+        out = tensor_allreduce(x, stand_in, "nocupy.joined", False, {"op": hvd.Sum})
+        assert type(out) is StandIn and out is not x
+        np.testing.assert_array_equal(out.a, np.full(5, total))
+        assert tensor_allreduce(x, stand_in, "nocupy.joined_", True, {"op": hvd.Sum}) is x
+        np.testing.assert_array_equal(x.a, np.full(5, total))
+        xs = [StandIn(np.full((k + 2,), float(me), np.float32)) for k in range(2)]
+        handles = [tensor_allreduce_async(x, stand_in, f"nocupy.async.joined.{k}", True,
+                                          {"op": hvd.Sum}) for k, x in enumerate(xs)]  # fmt: skip
+        for handle, x in zip(handles, xs):
+            assert hvd.synchronize(handle) is x
+            np.testing.assert_array_equal(x.a, np.full(x.a.size, total))
+        last = hvd.join()
+        assert stand_in.zeros_made == 0
+    assert hvd.allgather_object(last) == [last] * n
