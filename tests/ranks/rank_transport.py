@@ -736,3 +736,28 @@ def test_gpu_data_no_cupy_holds_beside_a_joined_rank(stand_in):
         last = hvd.join()
         assert stand_in.zeros_made == 0
     assert hvd.allgather_object(last) == [last] * n
+
+
+def test_gpu_data_no_cupy_holds_beside_host_data_fails_on_every_rank(stand_in):
+    # A rank whose data goes as host data (a staged view: a strided tensor, say) where another's
+    # travels as GPU data: every rank fails, naming the device, and stays in step.
+    from horovodlite.asynchronous import tensor_allreduce_async
+
+    if hvd.size() < 2:
+        pytest.skip("a mismatch needs two ranks")
+    r = hvd.rank()
+    for blocking in (False, True):
+        name = f"nocupy.device.{blocking}"
+        with pytest.raises(hvd.HorovodLiteError, match=f"allreduce '{name}'") as error:
+            if r == 1 and blocking:
+                hvd.allreduce(np.ones(3, np.float32), name=name)  # host data
+            elif r == 1:
+                hvd.synchronize(hvd.allreduce_async(np.ones(3, np.float32), name=name))
+            elif blocking:
+                hvd.small_allreduce.tensor_allreduce(
+                    StandIn(np.ones(3, np.float32)), stand_in, name, False, {})  # fmt: skip
+            else:
+                hvd.synchronize(tensor_allreduce_async(StandIn(np.ones(3, np.float32)), stand_in,
+                                                       name, False, {}))  # fmt: skip
+        assert "device" in str(error.value) and "cuda" in str(error.value), str(error.value)
+    assert hvd.allreduce(np.ones(2), op=hvd.Sum, name="nocupy.after")[0] == hvd.size()
