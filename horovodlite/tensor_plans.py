@@ -17,12 +17,12 @@ from .checks import set_id
 from .collectives import allreduce_plan, template_key
 from .fusion import TensorEntry, fusion_key
 from .ops import result_factor
-from .plan import Plan, templates
+from .plan import Plan, run_now, templates
 from .process_sets import communicator, global_process_set
 from .state import current
 from .transport import ON_DEVICE, select
 
-__all__ = ["tensor_allreduce_plan"]
+__all__ = ["tensor_allreduce_now", "tensor_allreduce_plan"]
 
 _OPTIONS = frozenset({"op", "prescale_factor", "postscale_factor", "process_set", "algorithm"})
 
@@ -70,6 +70,15 @@ def tensor_allreduce_plan(tensor, kind, name, inplace: bool, options: dict) -> O
     entry = TensorEntry(tensor, kind, dtype, xp, inplace, resolved, prescale_factor,
                         postscale_factor, requested, fusion)  # fmt: skip
     return Plan(fields, set_id(process_set), comm, ranks, None, None, entry, entry, None)
+
+
+def tensor_allreduce_now(tensor, kind, name, inplace: bool, options: dict):
+    """allreduce() of a framework's `tensor` as it is, at once: for what the short way
+    (small_allreduce.tensor_allreduce) leaves, a factor or a process set; None where it goes as
+    a view (see tensor_allreduce_plan). The engine's tensor way, run on the caller's thread: a
+    GPU tensor whose view would be staged through host memory stays on its GPU."""
+    plan = tensor_allreduce_plan(tensor, kind, name, inplace, options)
+    return None if plan is None else run_now(plan)
 
 
 _TENSOR, _AS_VIEW = "tensor plan", ()  # a framework tensor's template, and "goes as a view"

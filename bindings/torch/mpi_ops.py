@@ -16,6 +16,7 @@ from horovodlite.asynchronous import grouped_tensor_allreduce_async, tensor_allr
 from horovodlite.grouped import grouped_tensor_allreduce
 from horovodlite.process_sets import global_process_set
 from horovodlite.small_allreduce import tensor_allreduce
+from horovodlite.tensor_plans import tensor_allreduce_now
 from horovodlite.training import collective_gradients, reduce_kwargs
 
 from .compression import Compression
@@ -170,6 +171,10 @@ def _allreduce_now(tensor, *, name, args: dict, inplace: bool = False) -> torch.
     # On torch's gloo or NCCL the tensor itself travels (small_allreduce.tensor_allreduce)
     data = tensor.detach() if tensor.requires_grad else tensor
     out = tensor_allreduce(data, TORCH_TENSORS, name, inplace, args)
+    if out is None and data.is_cuda:
+        # (a factor or a process set: the engine's tensor way, at once; on the host a view
+        # costs no copy, and this second look-up would cost every call that MPI moves)
+        out = tensor_allreduce_now(data, TORCH_TENSORS, name, inplace, args)
     if out is not None:
         if inplace:  # (its version moves on, as with torch's own in-place ops: write_back)
             torch.autograd.graph.increment_version(tensor)

@@ -472,8 +472,9 @@ def test_torch_cuda_async_tensors_travel_as_they_are(route, monkeypatch):
 def test_torch_cuda_tensors_no_cupy_array_holds_stay_on_the_gpu(route, case, monkeypatch):
     # bfloat16 CUDA tensors (CuPy has no bfloat16), and every CUDA tensor where CuPy is missing
     # (as the binding sees it here), have no CuPy view: their views are staged through host
-    # memory. On NCCL they travel as they are instead, async (fused), grouped and sync, no view
-    # made; elsewhere they are staged, and reduce alike. Values that bfloat16 holds exactly.
+    # memory. On NCCL they travel as they are instead, async (fused), grouped and sync (with a
+    # factor too), no view made; elsewhere they are staged, and reduce alike. Values that
+    # bfloat16 holds exactly.
     from horovodlite.torch import mpi_ops, tensors
     from horovodlite.torch.tensors import TORCH_TENSORS
 
@@ -525,6 +526,13 @@ def test_torch_cuda_tensors_no_cupy_array_holds_stay_on_the_gpu(route, case, mon
         out = hvd_torch.allreduce(xs[1], op=hvd.Min, name=f"cuda.nocupy.sync.{case}")
         assert out.is_cuda and out.dtype == dtype
         np.testing.assert_array_equal(host(out), reduce_expected(everyone(host(xs[1])), hvd.Min))
+        for start in (hvd_torch.allreduce, hvd_torch.allreduce_):  # a factor: not the short way
+            x, value = xs[4].clone(), host(xs[4])
+            out = start(x, name=f"cuda.nocupy.scaled.{case}", **options)
+            assert out.is_cuda and out.dtype == dtype
+            assert (out is x) == (start is hvd_torch.allreduce_)
+            expected = reduce_expected(everyone(value), hvd.Average, 2.0, 0.5)
+            np.testing.assert_array_equal(host(out), expected)
     assert bool(joined) == as_they_are
 
 

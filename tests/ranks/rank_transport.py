@@ -684,7 +684,7 @@ def test_gpu_data_no_cupy_holds_goes_as_it_is(stand_in, monkeypatch):
     # place and not, sync, with a factor and without.
     from horovodlite.asynchronous import tensor_allreduce_async
     from horovodlite.small_allreduce import tensor_allreduce
-    from horovodlite.tensor_plans import tensor_allreduce_plan
+    from horovodlite.tensor_plans import tensor_allreduce_now, tensor_allreduce_plan
 
     joined = calls_of(monkeypatch, stand_in, "join")
     r = hvd.rank()
@@ -704,21 +704,30 @@ def test_gpu_data_no_cupy_holds_goes_as_it_is(stand_in, monkeypatch):
         x = StandIn(bases[1].copy())
         assert tensor_allreduce(x, stand_in, "nocupy.sync", True, {"op": hvd.Sum}) is x
         assert_reduced(x.a, reduce_expected(everyone(bases[1]), hvd.Sum), hvd.Sum)
+        # A factor: not the short way's, the engine's tensor way at once (tensor_allreduce_now)
+        scaled = dict(prescale_factor=2.0, postscale_factor=0.5, process_set=hvd.global_process_set)
+        for inplace in (False, True):
+            x = StandIn(bases[2].copy())
+            out = tensor_allreduce_now(x, stand_in, f"nocupy.now.{inplace}", inplace, scaled)
+            assert type(out) is StandIn and (out is x) == inplace
+            expected = reduce_expected(everyone(bases[2]), hvd.Average, 2.0, 0.5)
+            assert_reduced(out.a, expected, hvd.Average)
     assert joined and stand_in.zeros_made == 0
 
 
 def test_gpu_data_no_cupy_holds_beside_a_joined_rank(stand_in):
     # The joined rank's zeros are the lent kind's, moved as the others' tensors are: sync (the
-    # short way's check finds the joined rank) and async.
+    # short way's check finds the joined rank), at once with a factor, and async.
     from horovodlite.asynchronous import tensor_allreduce_async
     from horovodlite.small_allreduce import tensor_allreduce
+    from horovodlite.tensor_plans import tensor_allreduce_now
 
     n, me = hvd.size(), hvd.rank()
     if n < 2:
         pytest.skip("a joined rank beside others needs two ranks")
     if me == 0:
         last = hvd.join()
-        assert stand_in.zeros_made == 4
+        assert stand_in.zeros_made == 5
     else:
         total = n * (n - 1) / 2
         x = StandIn(np.full((5,), float(me), np.float32))
@@ -727,6 +736,10 @@ def test_gpu_data_no_cupy_holds_beside_a_joined_rank(stand_in):
         np.testing.assert_array_equal(out.a, np.full(5, total))
         assert tensor_allreduce(x, stand_in, "nocupy.joined_", True, {"op": hvd.Sum}) is x
         np.testing.assert_array_equal(x.a, np.full(5, total))
+        y = StandIn(np.full((3,), float(me), np.float32))
+        out = tensor_allreduce_now(y, stand_in, "nocupy.joined.now", False,
+                                   {"op": hvd.Sum, "postscale_factor": 2.0})  # fmt: skip
+        np.testing.assert_array_equal(out.a, np.full(3, 2 * total))
         xs = [StandIn(np.full((k + 2,), float(me), np.float32)) for k in range(2)]
         handles = [tensor_allreduce_async(x, stand_in, f"nocupy.async.joined.{k}", True,
                                           {"op": hvd.Sum}) for k, x in enumerate(xs)]  # fmt: skip
