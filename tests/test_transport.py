@@ -271,3 +271,52 @@ def test_optimizer_state_tensors_are_made_where_the_root_has_them():
     assert made["step"].device.type == "cpu" and made["step"] is not local["step"]
     assert made["exp_avg"].device.type == "meta" and made["exp_avg"].shape == (2, 3)
     assert len(tensors) == 2
+
+
+# -- GPU data that no CuPy array holds: its fusion key and a joined rank's zeros ---------------
+
+
+def test_gpu_data_fuses_alike_as_cupy_arrays_or_tensors():
+    # A fusion key tells host data from GPU data, not one array module from another: a CuPy
+    # array and a framework's tensor on a GPU (transport.ON_DEVICE) share a batch.
+    import types
+
+    from horovodlite.fusion import fusion_key
+
+    f32, cupy_like = np.dtype(np.float32), types.ModuleType("cupy")
+    key = fusion_key(f32, ReduceOp.SUM, 1.0, 1.0, None, transport.ON_DEVICE)
+    assert fusion_key(f32, ReduceOp.SUM, 1.0, 1.0, None, cupy_like) is key
+    assert fusion_key(f32, ReduceOp.SUM, 1.0, 1.0, None, np) is not key
+
+
+def test_a_joined_rank_makes_zeros_no_cupy_array_holds_with_the_lent_kind():
+    import importlib.util
+
+    import ml_dtypes
+
+    from horovodlite import buffers, tensor_kind
+    from horovodlite.fusion import FusionEntry, TensorEntry, fusion_key, zeros_entry
+
+    bf16, f32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32)
+    assert not buffers.cupy_holds(bf16)
+    assert buffers.cupy_holds(f32) == (importlib.util.find_spec("cupy") is not None)
+
+    class Kind(tensor_kind.TensorKind):
+        def zeros(self, dtype, shape):
+            return ("zeros", dtype, shape)
+
+    fields = {"dtype": "bfloat16", "shape": [2, 3], "op": "SUM", "prescale_factor": 1.0,
+              "postscale_factor": 0.5, "algorithm": None, "device": "cuda"}  # fmt: skip
+    lent, kind = tensor_kind.device_tensors(), Kind()
+    tensor_kind.use_device_tensors(kind)
+    try:
+        entry = zeros_entry(fields)
+        assert type(entry) is TensorEntry and entry.kind is kind and entry.array == (
+            "zeros", bf16, (2, 3))
+        assert entry.xp is transport.ON_DEVICE and entry.postscale == 0.5
+        assert entry.key is fusion_key(bf16, ReduceOp.SUM, 1.0, 0.5, None, transport.ON_DEVICE)
+        host = zeros_entry(dict(fields, device="cpu"))  # host data: numpy's zeros, as before
+        assert type(host) is FusionEntry and host.xp is np and host.array.dtype == bf16
+        assert not host.array.any() and host.array.shape == (2, 3)
+    finally:
+        tensor_kind.use_device_tensors(lent)
