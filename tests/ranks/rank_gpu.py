@@ -421,15 +421,12 @@ def test_torch_cuda_on_a_side_stream(route):
         np.testing.assert_array_equal(value, np.full(1000, total, np.float32), err_msg=name)
 
 
-@needs_torch_cuda
-def test_torch_cuda_async_tensors_travel_as_they_are(route, monkeypatch):
-    # On NCCL the engine joins a batch of CUDA tensors into one torch buffer and splits it back
-    # (fusion.TensorEntry): no CuPy view; elsewhere they go as views. Alike either way: in place
-    # and not, a group, a scalar, an empty tensor, a large one, scaled.
+def _watch_the_tensor_way(monkeypatch) -> tuple:
+    """Return (whether CUDA tensors travel as they are here, the sizes of the batches the engine
+    joins into one torch buffer, filled as the test runs); on NCCL a view of one fails the test."""
     from horovodlite.torch import mpi_ops
     from horovodlite.torch.tensors import TORCH_TENSORS
 
-    r = hvd.rank()
     as_they_are = current().settings.transport == "nccl"
     if as_they_are:
         def refuse(tensor):
@@ -443,6 +440,16 @@ def test_torch_cuda_async_tensors_travel_as_they_are(route, monkeypatch):
         return join(tensors, *args, **kwargs)
 
     monkeypatch.setattr(TORCH_TENSORS, "join", spy)
+    return as_they_are, joined
+
+
+@needs_torch_cuda
+def test_torch_cuda_async_tensors_travel_as_they_are(route, monkeypatch):
+    # On NCCL the engine joins a batch of CUDA tensors into one torch buffer and splits it back
+    # (fusion.TensorEntry): no CuPy view; elsewhere they go as views. Alike either way: in place
+    # and not, a group, a scalar, an empty tensor, a large one, scaled.
+    r = hvd.rank()
+    as_they_are, joined = _watch_the_tensor_way(monkeypatch)
     shapes = [(3,), (2, 5), (), (0, 3), (130, 130), (7,)]
     for _ in range(2):
         bases = [rank_values(s, np.float32, r, seed=360 + i) for i, s in enumerate(shapes)]
@@ -475,25 +482,12 @@ def test_torch_cuda_tensors_no_cupy_array_holds_stay_on_the_gpu(route, case, mon
     # memory. On NCCL they travel as they are instead, async (fused), grouped and sync (with a
     # factor too), no view made; elsewhere they are staged, and reduce alike. Values that
     # bfloat16 holds exactly.
-    from horovodlite.torch import mpi_ops, tensors
-    from horovodlite.torch.tensors import TORCH_TENSORS
+    from horovodlite.torch import tensors
 
     if case == "no CuPy":
         monkeypatch.setattr(tensors, "_CUPY", False)
     dtype = torch.bfloat16 if case == "bfloat16" else torch.float32
-    as_they_are = current().settings.transport == "nccl"
-    if as_they_are:
-        def refuse(tensor):
-            raise AssertionError("a CUDA tensor was viewed (staged) on NCCL")
-
-        monkeypatch.setattr(mpi_ops, "TensorView", refuse)
-    joined, join = [], TORCH_TENSORS.join
-
-    def spy(tensors, *args, **kwargs):
-        joined.append(len(tensors))
-        return join(tensors, *args, **kwargs)
-
-    monkeypatch.setattr(TORCH_TENSORS, "join", spy)
+    as_they_are, joined = _watch_the_tensor_way(monkeypatch)
     r = hvd.rank()
     shapes = [(3,), (2, 5), (), (0, 3), (130, 130), (7,)]
 
