@@ -12,11 +12,10 @@ import statistics
 import sys
 import time
 
+import horovodlite.torch as hvd
 import torch
 import torch.distributed as dist
 import torchvision
-
-import horovodlite.torch as hvd
 from horovodlite.torch import tensors
 
 
