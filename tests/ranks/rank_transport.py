@@ -592,8 +592,8 @@ def test_kept_routes_follow_the_settings():
 # NCCL, agreed on as GPU data, and a joined rank contributes zeros of the kind the binding lent
 # (tensor_kind.use_device_tensors). No GPU here: a stand-in kind keeps numpy data that it calls
 # GPU data, and its transport is the one select() gives GPU data without NCCL (MPI), so these
-# lines run as they run on a GPU, with only the kind's calls differing. (CuPy is missing here, so
-# no CuPy array holds GPU data of any dtype: buffers.cupy_holds.)
+# lines run as they run on a GPU, with only the kind's calls differing. The fixture makes the
+# core find no CuPy array that holds the data (as where CuPy is missing: buffers.cupy_holds).
 
 
 class StandIn:
@@ -673,6 +673,9 @@ class StandInKind(TensorKind):
 @pytest.fixture()
 def stand_in(monkeypatch):
     """Lend the stand-in kind for GPU data that no CuPy array holds; return it."""
+    from horovodlite import fusion
+
+    monkeypatch.setattr(fusion, "cupy_holds", lambda dtype: False)
     kind, lent = StandInKind(), tensor_kind.device_tensors()
     tensor_kind.use_device_tensors(kind)
     yield kind
