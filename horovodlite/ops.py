@@ -154,12 +154,12 @@ def half_kernels_for(out, source):
     arrays of one half type, large enough, `source` writeable: a framework may refuse a
     read-only view, as torch warns), else None."""
     kernels = _half_kernels
-    if (
+    if (  # (asked on every reduction: the common case, another dtype, leaves at the second test)
         kernels is None
+        or out.dtype not in _HALF_TYPES
         or type(out) is not np.ndarray
         or type(source) is not np.ndarray
         or out.size < _HALF_KERNEL_MIN_SIZE
-        or out.dtype not in _HALF_TYPES
         or source.dtype != out.dtype
         or not (out.flags.c_contiguous and source.flags.c_contiguous)
         or not source.flags.writeable
