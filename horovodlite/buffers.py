@@ -20,6 +20,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "as_array",
     "cupy_holds",
+    "cupy_installed",
     "is_cupy_array",
     "array_module",
     "device_module",
@@ -151,14 +152,15 @@ def device_module(device: str):
 def cupy_holds(dtype: np.dtype) -> bool:
     """Return whether a CuPy array can hold GPU data of `dtype` here: CuPy is installed, and
     the dtype is not bfloat16 (CuPy has none)."""
-    return dtype != _BFLOAT16 and _cupy_installed()
+    return dtype != _BFLOAT16 and cupy_installed()
 
 
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
 @functools.cache
-def _cupy_installed() -> bool:
+def cupy_installed() -> bool:
+    """Return whether CuPy is installed (asked once: the answer holds for the process)."""
     return importlib.util.find_spec("cupy") is not None
 
 

@@ -2,8 +2,8 @@
 
 import ctypes
 import functools
-import importlib.util
 
+from .buffers import cupy_installed
 from .config import env_flag, env_value
 
 __all__ = [
@@ -44,7 +44,7 @@ rocm_built = _fact("rocm_built", False, "GPU support is CUDA through CuPy")
 
 def cuda_built() -> bool:
     """Return whether CuPy is installed, so GPU arrays can be used."""
-    return importlib.util.find_spec("cupy") is not None
+    return cupy_installed()
 
 
 def _mpi_library_handle():

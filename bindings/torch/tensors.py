@@ -15,20 +15,19 @@ tensors that no CuPy array holds stay on the GPU too, on torch's NCCL: those tha
 (contiguous, on the default stream; tensor_plans.py says which).
 """
 
-import importlib.util
 import threading
 
 import ml_dtypes
 import numpy as np
 
 import torch
+from horovodlite.buffers import cupy_holds
 from horovodlite.tensor_kind import TensorKind, use_device_tensors
 
 from .transport import TorchTransport  # (importing it registers the gloo and nccl transports)
 
 __all__ = ["TORCH_TENSORS", "TensorView", "on_default_stream", "ordered_for_caller"]
 
-_CUPY = importlib.util.find_spec("cupy") is not None
 
 
 class TensorView:
@@ -41,7 +40,7 @@ class TensorView:
         # (detach() only where autograd records: a call through torch's dispatcher, one of the
         # larger parts of a small collective's cost)
         detached = tensor.detach() if tensor.requires_grad else tensor
-        self.staged = detached.is_cuda and (not _CUPY or detached.dtype == torch.bfloat16)
+        self.staged = detached.is_cuda and not cupy_holds(_NUMPY_DTYPES.get(detached.dtype))
         if detached.is_cuda and not self.staged:
             self.array = _cupy_view(detached)
         else:
@@ -256,7 +255,7 @@ _cupy_module = _cupy_stream = _UnownedMemory = _MemoryPointer = None
 
 
 def _load_cupy():
-    """Import CuPy (optional: only CUDA tensors need it, and _CUPY says it is there) and bind
+    """Import CuPy (optional: only CUDA tensors need it, and cupy_holds says it is there) and bind
     the names _cupy_view takes from it on every call, once."""
     global _cupy_module, _cupy_stream, _UnownedMemory, _MemoryPointer
     import cupy

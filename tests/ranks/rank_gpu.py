@@ -485,7 +485,7 @@ def test_torch_cuda_tensors_no_cupy_array_holds_stay_on_the_gpu(route, case, mon
     from horovodlite.torch import tensors
 
     if case == "no CuPy":
-        monkeypatch.setattr(tensors, "_CUPY", False)
+        monkeypatch.setattr(tensors, "cupy_holds", lambda dtype: False)
     dtype = torch.bfloat16 if case == "bfloat16" else torch.float32
     as_they_are, joined = _watch_the_tensor_way(monkeypatch)
     r = hvd.rank()
