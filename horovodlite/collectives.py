@@ -197,10 +197,10 @@ def _inline_route(fields: dict, array, resolved, inplace: bool, ranks):
     return inline
 
 
-def template_key(name, op, prescale, postscale, algorithm, inplace, size, array, xp):
+def template_key(name, op, prescale, postscale, algorithm, inplace, group, array, xp):
     """Return the key of an all-reduce's template in plan.templates' memo, or None where an
     option is no plain value (a float that is an int or a numpy scalar, say, is checked anew
-    every call)."""
+    every call). `group` stands for the ranks it runs on: their number, or their process set."""
     if (
         type(prescale) is float
         and type(postscale) is float
@@ -208,8 +208,8 @@ def template_key(name, op, prescale, postscale, algorithm, inplace, size, array,
         and (name is None or type(name) is str)
         and (algorithm is None or type(algorithm) is str)
     ):
-        return (name, op, prescale, postscale, algorithm, inplace, size, array.dtype, array.shape,
-                xp)  # fmt: skip
+        return (name, op, prescale, postscale, algorithm, inplace, group, array.dtype,
+                array.shape, xp)  # fmt: skip
     return None
 
 

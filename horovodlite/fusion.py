@@ -97,7 +97,9 @@ class TensorEntry(FusionEntry):
     __slots__ = ("kind", "dtype")
 
     def __init__(self, tensor, kind, dtype, xp, inplace, op, prescale, postscale, requested, key):
-        super().__init__(tensor, xp, inplace, op, prescale, postscale, requested, key)
+        # (FusionEntry's fields set here, not by its __init__: one call less a gradient)
+        self.array, self.xp, self.inplace, self.key = tensor, xp, inplace, key
+        self.op, self.prescale, self.postscale, self.requested = op, prescale, postscale, requested
         self.kind, self.dtype = kind, dtype
 
 

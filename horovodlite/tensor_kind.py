@@ -62,12 +62,13 @@ class TensorKind:
     def join(self, tensors: list, prescale: float, reused: bool) -> tuple:
         """Return (buffer, parts): a flat tensor holding the contiguous `tensors` one after
         another, times `prescale` (a float tensor's, where not 1), filled in one call (a fused
-        batch's buffer), and each tensor's flat view, for split(). `reused`: every result is
+        batch's buffer), and what split() needs of the tensors (where each lies in the buffer,
+        their flat views: the kind's own, the core only hands it on). `reused`: every result is
         copied out of the buffer (all in place), so its memory may be the last batch's, kept
         for this; else the results are views of it, and it is new."""
         raise NotImplementedError
 
-    def split(self, buffer, parts: list, tensors: list, inplace: list, factor: float) -> list:
+    def split(self, buffer, parts, tensors: list, inplace: list, factor: float) -> list:
         """Return each of `tensors`' results from the reduced `buffer` (join's, with its
         `parts`), times `factor`: copied into the tensor itself where `inplace` says so, else a
         view of `buffer` shaped as the tensor."""

@@ -37,36 +37,36 @@ def tensor_allreduce_plan(tensor, kind, name, inplace: bool, options: dict) -> O
     dtype the kind does not scale as the general way (integers, half types), or an argument is
     bad (the view's plan reports it on every rank).
 
-    The asynchronous all-reduce's way for torch's tensors on gloo and NCCL: what follows from
-    the arguments is derived once from the view's plan, kept as a template like any plan's. Its
-    first look-up is all that a tensor that goes as a view pays (MPI's transport, the default).
+    The asynchronous all-reduce's way for torch's tensors on gloo and NCCL, every gradient of
+    every step: what follows from the arguments is derived once from the view's plan and kept
+    as a template like any plan's, so a repeated call costs one look-up, the contiguity test and
+    the two objects it returns. A tensor that goes as a view (MPI's transport, the default) pays
+    the same look-up, which says so.
     """
-    settings = current().settings
-    memo = templates(settings)
-    if not small_allreduce.tensors_taken(tensor, kind, memo, settings):
-        return None
-    if not kind.contiguous(tensor) or not _OPTIONS.issuperset(options):
-        return None
     get = options.get
     op, algorithm = get("op"), get("algorithm")
     prescale_factor, postscale_factor = get("prescale_factor", 1.0), get("postscale_factor", 1.0)
     process_set = get("process_set", global_process_set)
-    comm, ranks = communicator(process_set)
+    state = current()
+    # The process set itself stands for its size in the key: a set's ranks never change, and the
+    # state in the key keeps the global set's communicator, kept in the template, to this job.
     key = template_key(name, op, prescale_factor, postscale_factor, algorithm, inplace,
-                        comm.size, tensor, kind)  # fmt: skip
-    if key is None:
+                       process_set, tensor, kind)  # fmt: skip
+    if key is None or not _OPTIONS.issuperset(options):
         return None
-    key = (_TENSOR, key, tensor.device)
+    key = (_TENSOR, key, tensor.device, state)
+    memo = templates(state.settings)
     template = memo.get(key)
     if template is None:
-        template = _tensor_template(
+        template = memo[key] = _tensor_template(
             tensor, kind, op, name, prescale_factor, postscale_factor, process_set, algorithm,
-            inplace, comm.size, settings,
-        )  # fmt: skip
-        template = memo[key] = template or _AS_VIEW
-    if template is _AS_VIEW:
+            inplace, state.settings,
+        ) or _AS_VIEW  # fmt: skip
+    if template is _AS_VIEW or not kind.contiguous(tensor):
         return None
-    resolved, requested, fields, fusion, dtype, xp = template
+    resolved, requested, fields, fusion, dtype, xp, comm, ranks = template
+    if comm is None:  # another set than the global one: looked up on every call, as it may go
+        comm, ranks = communicator(process_set)
     entry = TensorEntry(tensor, kind, dtype, xp, inplace, resolved, prescale_factor,
                         postscale_factor, requested, fusion)  # fmt: skip
     return Plan(fields, set_id(process_set), comm, ranks, None, None, entry, entry, None)
@@ -85,13 +85,16 @@ _TENSOR, _AS_VIEW = "tensor plan", ()  # a framework tensor's template, and "goe
 
 
 def _tensor_template(tensor, kind, op, name, prescale, postscale, process_set, algorithm,
-                     inplace: bool, size: int, settings):  # fmt: skip
-    """Return (op, requested algorithm, fields, fusion key, numpy dtype, module) of a
-    framework tensor's all-reduce (see tensor_allreduce_plan), or None where it goes as a view.
+                     inplace: bool, settings):  # fmt: skip
+    """Return (op, requested algorithm, fields, fusion key, numpy dtype, module, communicator,
+    global ranks) of a framework tensor's all-reduce (see tensor_allreduce_plan), or None where
+    it goes as a view; the communicator and ranks are None for a set other than the global one.
 
     Built from the plan of its view, so the fields, the checks and the fusion key are the
     general way's own: ranks on either way agree, fuse and reduce alike.
     """
+    if not small_allreduce.tensors_taken(tensor, kind, templates(settings), settings):
+        return None
     described = kind.describe(tensor)
     if described is None:
         return None
@@ -105,8 +108,8 @@ def _tensor_template(tensor, kind, op, name, prescale, postscale, process_set, a
     xp = np if on_host else ON_DEVICE
     if not kind.carried_by(select(settings, xp, entry.op, dtype)):
         return None
-    scaled = entry.prescale != 1.0 or result_factor(entry.op, entry.postscale, size) != 1.0
-    if scaled and not kind.scales_alike(dtype):
+    factor = result_factor(entry.op, entry.postscale, plan.comm.size)
+    if (entry.prescale != 1.0 or factor != 1.0) and not kind.scales_alike(dtype):
         return None
     fields, key = plan.fields, entry.key
     if not on_host and fields["device"] == "cpu":
@@ -116,4 +119,5 @@ def _tensor_template(tensor, kind, op, name, prescale, postscale, process_set, a
         # (fusion.zeros_entry).
         fields = dict(fields, device="cuda")
         key = fusion_key(dtype, entry.op, entry.prescale, entry.postscale, entry.requested, xp)
-    return entry.op, entry.requested, fields, key, dtype, xp
+    comm, ranks = (plan.comm, plan.ranks) if process_set is global_process_set else (None, None)
+    return entry.op, entry.requested, fields, key, dtype, xp, comm, ranks

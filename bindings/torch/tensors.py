@@ -116,39 +116,44 @@ class _TorchTensors(TensorKind):
     def join(self, tensors: list, prescale: float, reused: bool) -> tuple:
         # (a 1-D tensor is its own flat view: a view costs 0.8 µs, and two thirds of a model's
         # gradients, its biases and norms' weights, are 1-D)
-        parts = [tensor if tensor.dim() == 1 else tensor.view(-1) for tensor in tensors]
+        flat = [tensor if tensor.dim() == 1 else tensor.view(-1) for tensor in tensors]
+        sizes = [part.shape[0] for part in flat]
         if reused:  # (fresh host memory costs a page fault per 4 KiB: 7x the copy for ResNet-50)
-            total = sum(part.shape[0] for part in parts)
-            buffer = torch.cat(parts, out=_kept_buffer(tensors[0], total))
+            buffer = torch.cat(flat, out=_kept_buffer(tensors[0], sum(sizes)))
         else:
-            buffer = torch.cat(parts)
+            buffer = torch.cat(flat)
         if prescale != 1.0:
             buffer.mul_(_as_the_core_scales(buffer, prescale))
-        return buffer, parts
+        return buffer, (flat, sizes)
 
-    def split(self, buffer, parts: list, tensors: list, inplace: list, factor: float) -> list:
+    def split(self, buffer, parts: tuple, tensors: list, inplace: list, factor: float) -> list:
         # A few calls for the whole batch (on a GPU a launch per tensor costs more than a pass
         # over its memory): the factor on the buffer, then one copy into the in-place tensors'
         # flat views (join's); a view of a result only where it is handed out.
-        pieces = buffer.split([part.shape[0] for part in parts])
-        back = [i for i, flag in enumerate(inplace) if flag]
-        alone = set()
+        flat, sizes = parts
+        pieces = buffer.split_with_sizes(sizes)
+        every = all(inplace)  # (a gradient batch: every result is copied back)
+        back = range(len(tensors)) if every else [i for i, flag in enumerate(inplace) if flag]
+        alone = ()
         if factor != 1.0 and not buffer.is_cuda and buffer.dtype in _FOREACH_SCALES_ALIKE:
             # On the host a pass over memory costs more than a call: a large in-place result
             # takes the factor on its way out, one pass where scaling first makes two.
             least = _SCALED_ON_THE_WAY_BYTES // buffer.element_size()
-            alone = {i for i in back if parts[i].shape[0] >= least}
+            alone = {i for i in back if sizes[i] >= least}
         if alone:
             for i in alone:
-                torch.mul(pieces[i], factor, out=parts[i])
+                torch.mul(pieces[i], factor, out=flat[i])
             back = [i for i in back if i not in alone]
             rest = [piece for i, piece in enumerate(pieces) if i not in alone]
             if rest:  # (torch refuses an empty list)
                 torch._foreach_mul_(rest, factor)
         elif factor != 1.0:
             buffer.mul_(_as_the_core_scales(buffer, factor))
+        if every and not alone:
+            _copy_each(flat, pieces)
+            return list(tensors)
         if back:
-            _copy_each([parts[i] for i in back], [pieces[i] for i in back])
+            _copy_each([flat[i] for i in back], [pieces[i] for i in back])
         return [
             tensor if flag else piece if tensor.dim() == 1 else piece.view(tensor.shape)
             for tensor, piece, flag in zip(tensors, pieces, inplace)
