@@ -330,7 +330,8 @@ def _tensor_batch(comm, entries: list, span) -> list:
     factor = result_factor(op, first.postscale, comm.size)
     moves = comm.size > 1 and any(entry.array.nbytes for entry in entries)
     combined = combined_as(op)
-    if len(entries) == 1:  # reduced where it lies, or straight into its result
+    if len(entries) == 1 and kind.contiguous(first.array):  # reduced where it lies, or
+        # straight into its result (one in another layout is joined alone, in its order)
         tensor, inplace = first.array, first.inplace
         out, source = (tensor, None) if inplace else (kind.empty_like(tensor), tensor)
         if prescale != 1.0 and source is not None:

@@ -28,7 +28,15 @@ class TensorKind:
         raise NotImplementedError
 
     def contiguous(self, tensor) -> bool:
+        """Return whether `tensor` lies in its memory in its logical order, one element after
+        another: what a transport reduces where it lies."""
         raise NotImplementedError
+
+    def joinable(self, tensor) -> bool:
+        """Return whether join() takes `tensor` into a batch (in its logical order) and split()
+        writes its result back: a contiguous tensor, or one the framework lays out densely in
+        another order (torch's channels_last), which they copy in and out."""
+        return self.contiguous(tensor)
 
     def carried_by(self, transport) -> bool:
         """Return whether `transport` moves these tensors as they are."""
@@ -60,7 +68,7 @@ class TensorKind:
         raise NotImplementedError
 
     def join(self, tensors: list, prescale: float, reused: bool) -> tuple:
-        """Return (buffer, parts): a flat tensor holding the contiguous `tensors` one after
+        """Return (buffer, parts): a flat tensor holding the joinable `tensors` one after
         another, times `prescale` (a float tensor's, where not 1), filled in one call (a fused
         batch's buffer), and what split() needs of the tensors (where each lies in the buffer,
         their flat views: the kind's own, the core only hands it on). `reused`: every result is

@@ -32,14 +32,14 @@ def tensor_allreduce_plan(tensor, kind, name, inplace: bool, options: dict) -> O
     as it is, no numpy or CuPy view made (fusion.TensorEntry; `kind` is the binding's
     tensor_kind.TensorKind; `options` allreduce_async()'s other keyword arguments, less the
     deprecated `average`); or None, and the tensor goes as a view: where no transport here takes
-    such tensors, the tensor is not contiguous, an option is unknown or no plain value, its
-    transport would not move it (an op or dtype it cannot reduce), the result is scaled in a
-    dtype the kind does not scale as the general way (integers, half types), or an argument is
-    bad (the view's plan reports it on every rank).
+    such tensors, the kind cannot join it (TensorKind.joinable: a strided slice, say), an option
+    is unknown or no plain value, its transport would not move it (an op or dtype it cannot
+    reduce), the result is scaled in a dtype the kind does not scale as the general way
+    (integers, half types), or an argument is bad (the view's plan reports it on every rank).
 
     The asynchronous all-reduce's way for torch's tensors on gloo and NCCL, every gradient of
     every step: what follows from the arguments is derived once from the view's plan and kept
-    as a template like any plan's, so a repeated call costs one look-up, the contiguity test and
+    as a template like any plan's, so a repeated call costs one look-up, the layout's test and
     the two objects it returns. A tensor that goes as a view (MPI's transport, the default) pays
     the same look-up, which says so.
     """
@@ -62,7 +62,7 @@ def tensor_allreduce_plan(tensor, kind, name, inplace: bool, options: dict) -> O
             tensor, kind, op, name, prescale_factor, postscale_factor, process_set, algorithm,
             inplace, state.settings,
         ) or _AS_VIEW  # fmt: skip
-    if template is _AS_VIEW or not kind.contiguous(tensor):
+    if template is _AS_VIEW or not kind.joinable(tensor):
         return None
     resolved, requested, fields, fusion, dtype, xp, comm, ranks = template
     if comm is None:  # another set than the global one: looked up on every call, as it may go

@@ -122,35 +122,56 @@ def test_gpu_benchmark_without_cuda_fails_with_a_clear_message(capsys):
 # -- torch's TensorKind: a fused batch of torch tensors joined and split back ------------------
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("copy_each", ["foreach", "loop"])
 @pytest.mark.parametrize("factor", [1.0, 0.25])
-def test_torch_batch_is_joined_and_split_back(monkeypatch, copy_each, factor):
+def test_torch_batch_is_joined_and_split_back(monkeypatch, copy_each, factor, layout):
     # What the engine does with a batch of torch tensors that travel as they are, less the
     # transfer: join (times the prescale), then split back times the factor, in place or new.
-    # A 64 KiB in-place result takes the factor on its way out on the host; a torch without
-    # `_foreach_copy_` copies one by one.
+    # A 64 KiB in-place result takes the factor on its way out on the host, where it lies in
+    # order; a torch without `_foreach_copy_` copies one by one. channels_last: the 4-D tensors
+    # lie in another order, joined in their logical one and copied back as they lie.
     torch = pytest.importorskip("torch")
     from horovodlite.torch import tensors
 
     if copy_each == "loop":
         monkeypatch.setattr(tensors, "_copy_each", tensors._copy_loop)
     kind = tensors.TORCH_TENSORS
-    shapes = [(3,), (2, 5), (), (0, 4), (130, 130), (6,), (4, 4)]
-    mixed = [True, False, True, True, True, False, False]
+    shapes = [(3,), (2, 5), (), (0, 4), (130, 130), (6,), (4, 4), (2, 3, 4, 5), (16, 32, 8, 8)]
+    mixed = [True, False, True, True, True, False, False, True, False]
     values = [torch.arange(float(torch.Size(s).numel())).reshape(s) - 2 for s in shapes]
+    order = getattr(torch, layout.replace("contiguous", "contiguous_format"))
     # All in place: the kept buffer, twice; some new (views of the buffer): a new buffer.
     for inplace in ([True] * len(shapes), mixed, [True] * len(shapes)):
         reused = all(inplace)
-        batch = [v.clone() for v in values]
+        batch = [v.clone(memory_format=order if v.dim() == 4 else torch.preserve_format)
+                 for v in values]  # fmt: skip
+        strides = [tensor.stride() for tensor in batch]
+        assert all(kind.joinable(tensor) for tensor in batch)
         buffer, parts = kind.join(batch, 2.0, reused=reused)
         assert buffer.shape == (sum(v.numel() for v in values),)
         torch.testing.assert_close(buffer, 2.0 * torch.cat([v.reshape(-1) for v in values]))
         results = kind.split(buffer, parts, batch, inplace, factor)
-        for result, tensor, value, own in zip(results, batch, values, inplace):
+        for result, tensor, value, own, stride in zip(results, batch, values, inplace, strides):
             assert (result is tensor) == own and result.shape == value.shape
             assert torch.equal(result, value * 2.0 * factor)
+            assert tensor.stride() == stride
             if not own:
                 assert torch.equal(tensor, value)  # the input is untouched
+
+
+def test_torch_kind_joins_only_dense_layouts():
+    # A strided slice or a transposed matrix goes the general way, as a view.
+    torch = pytest.importorskip("torch")
+    from horovodlite.torch.tensors import TORCH_TENSORS as kind
+
+    x = torch.zeros(2, 3, 4, 5)
+    assert kind.joinable(x.contiguous(memory_format=torch.channels_last))
+    volume = torch.zeros(2, 3, 4, 5, 6)
+    assert kind.joinable(volume.contiguous(memory_format=torch.channels_last_3d))
+    assert not kind.joinable(x[:, :, ::2])
+    assert not kind.joinable(torch.zeros(3, 4).t())
+    assert not kind.joinable(torch.zeros(6)[::2])
 
 
 def test_torch_batch_of_large_in_place_tensors_only_is_scaled_on_the_way_out():

@@ -95,6 +95,13 @@ class _TorchTensors(TensorKind):
     def contiguous(self, tensor) -> bool:
         return tensor.is_contiguous()
 
+    def joinable(self, tensor) -> bool:
+        # (channels_last: the gradients of a model's convolutions, where the model is)
+        if tensor.is_contiguous():
+            return True
+        layout = _DENSE_LAYOUTS.get(tensor.dim())
+        return layout is not None and tensor.is_contiguous(memory_format=layout)
+
     def carried_by(self, transport) -> bool:
         return isinstance(transport, TorchTransport)
 
@@ -114,9 +121,13 @@ class _TorchTensors(TensorKind):
         transport.allreduce_tensor(comm, out, source, op)
 
     def join(self, tensors: list, prescale: float, reused: bool) -> tuple:
-        # (a 1-D tensor is its own flat view: a view costs 0.8 µs, and two thirds of a model's
-        # gradients, its biases and norms' weights, are 1-D)
-        flat = [tensor if tensor.dim() == 1 else tensor.view(-1) for tensor in tensors]
+        # A 1-D tensor is its own flat view (a view costs 0.8 µs, and two thirds of a model's
+        # gradients, its biases and norms' weights, are 1-D). One laid out in another order
+        # (channels_last) is copied flat in its logical order, and split() copies it back.
+        apart = [i for i, tensor in enumerate(tensors) if tensor.dim() != 1
+                 and not tensor.is_contiguous()]  # fmt: skip
+        flatten = torch.Tensor.reshape if apart else torch.Tensor.view  # (reshape: view or copy)
+        flat = [tensor if tensor.dim() == 1 else flatten(tensor, -1) for tensor in tensors]
         sizes = [part.shape[0] for part in flat]
         if reused:  # (fresh host memory costs a page fault per 4 KiB: 7x the copy for ResNet-50)
             buffer = torch.cat(flat, out=_kept_buffer(tensors[0], sum(sizes)))
@@ -124,16 +135,19 @@ class _TorchTensors(TensorKind):
             buffer = torch.cat(flat)
         if prescale != 1.0:
             buffer.mul_(_as_the_core_scales(buffer, prescale))
-        return buffer, (flat, sizes)
+        return buffer, (flat, sizes, apart)
 
     def split(self, buffer, parts: tuple, tensors: list, inplace: list, factor: float) -> list:
         # A few calls for the whole batch (on a GPU a launch per tensor costs more than a pass
         # over its memory): the factor on the buffer, then one copy into the in-place tensors'
         # flat views (join's); a view of a result only where it is handed out.
-        flat, sizes = parts
+        flat, sizes, apart = parts
         pieces = buffer.split_with_sizes(sizes)
-        every = all(inplace)  # (a gradient batch: every result is copied back)
-        back = range(len(tensors)) if every else [i for i, flag in enumerate(inplace) if flag]
+        every = not apart and all(inplace)  # (a gradient batch: every result is copied back)
+        if every:
+            back = range(len(tensors))
+        else:  # (the in-place tensors that join() copied go back shaped as they are, below)
+            back = [i for i, flag in enumerate(inplace) if flag and i not in apart]
         alone = ()
         if factor != 1.0 and not buffer.is_cuda and buffer.dtype in _FOREACH_SCALES_ALIKE:
             # On the host a pass over memory costs more than a call: a large in-place result
@@ -154,6 +168,9 @@ class _TorchTensors(TensorKind):
             return list(tensors)
         if back:
             _copy_each([flat[i] for i in back], [pieces[i] for i in back])
+        for i in apart:
+            if inplace[i]:
+                tensors[i].copy_(pieces[i].view(tensors[i].shape))
         return [
             tensor if flag else piece if tensor.dim() == 1 else piece.view(tensor.shape)
             for tensor, piece, flag in zip(tensors, pieces, inplace)
@@ -187,6 +204,11 @@ use_device_tensors(TORCH_TENSORS)
 _SCALED_ALIKE = frozenset(
     np.dtype(t) for t in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
 )
+
+
+# The dense layouts other than the contiguous one that join() copies in and split() back, by
+# dimension: a channels_last model's convolutions have their gradients laid out so.
+_DENSE_LAYOUTS = {4: torch.channels_last, 5: torch.channels_last_3d}
 
 
 # torch's `_foreach_mul_` multiplies a half type on the host in its own precision (the factor

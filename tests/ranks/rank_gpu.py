@@ -443,17 +443,25 @@ def _watch_the_tensor_way(monkeypatch) -> tuple:
     return as_they_are, joined
 
 
+# The shapes of the CUDA batches below; the last is laid out channels_last (_laid_out).
+CUDA_SHAPES = [(3,), (2, 5), (), (0, 3), (130, 130), (7,), (2, 3, 4, 5)]
+
+
+def _laid_out(xs: list) -> list:
+    """Return `xs` with the last one channels_last (a channels_last model's gradient)."""
+    return xs[:-1] + [xs[-1].contiguous(memory_format=torch.channels_last)]
+
+
 @needs_torch_cuda
 def test_torch_cuda_async_tensors_travel_as_they_are(route, monkeypatch):
     # On NCCL the engine joins a batch of CUDA tensors into one torch buffer and splits it back
     # (fusion.TensorEntry): no CuPy view; elsewhere they go as views. Alike either way: in place
-    # and not, a group, a scalar, an empty tensor, a large one, scaled.
+    # and not, a group, a scalar, an empty tensor, a large one, one channels_last, scaled.
     r = hvd.rank()
     as_they_are, joined = _watch_the_tensor_way(monkeypatch)
-    shapes = [(3,), (2, 5), (), (0, 3), (130, 130), (7,)]
     for _ in range(2):
-        bases = [rank_values(s, np.float32, r, seed=360 + i) for i, s in enumerate(shapes)]
-        xs = [_cuda(base) for base in bases]
+        bases = [rank_values(s, np.float32, r, seed=360 + i) for i, s in enumerate(CUDA_SHAPES)]
+        xs = _laid_out([_cuda(base) for base in bases])
         options = dict(op=hvd.Average, prescale_factor=2.0, postscale_factor=0.5)
         handles = [(hvd_torch.allreduce_async_ if i % 2 else hvd_torch.allreduce_async)(
                        x, name=f"cuda.async.{i}", **options) for i, x in enumerate(xs)]  # fmt: skip
@@ -480,8 +488,8 @@ def test_torch_cuda_tensors_no_cupy_array_holds_stay_on_the_gpu(route, case, mon
     # bfloat16 CUDA tensors (CuPy has no bfloat16), and every CUDA tensor where CuPy is missing
     # (as the binding sees it here), have no CuPy view: their views are staged through host
     # memory. On NCCL they travel as they are instead, async (fused), grouped and sync (with a
-    # factor too), no view made; elsewhere they are staged, and reduce alike. Values that
-    # bfloat16 holds exactly.
+    # factor too), no view made, one channels_last among them; elsewhere they are staged, and
+    # reduce alike. Values that bfloat16 holds exactly.
     from horovodlite.torch import tensors
 
     if case == "no CuPy":
@@ -489,15 +497,14 @@ def test_torch_cuda_tensors_no_cupy_array_holds_stay_on_the_gpu(route, case, mon
     dtype = torch.bfloat16 if case == "bfloat16" else torch.float32
     as_they_are, joined = _watch_the_tensor_way(monkeypatch)
     r = hvd.rank()
-    shapes = [(3,), (2, 5), (), (0, 3), (130, 130), (7,)]
 
     def host(x):
         return x.float().cpu().numpy()
 
     for _ in range(2):
         bases = [(np.arange(int(np.prod(s))).reshape(s) % 7 + r + i).astype(np.float32)
-                 for i, s in enumerate(shapes)]  # fmt: skip
-        xs = [_cuda(base).to(dtype) for base in bases]
+                 for i, s in enumerate(CUDA_SHAPES)]  # fmt: skip
+        xs = _laid_out([_cuda(base).to(dtype) for base in bases])
         options = dict(op=hvd.Average, prescale_factor=2.0, postscale_factor=0.5)
         starts = [hvd_torch.allreduce_async_ if i % 2 else hvd_torch.allreduce_async
                   for i in range(len(xs))]  # fmt: skip

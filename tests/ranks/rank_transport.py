@@ -434,6 +434,56 @@ def test_torch_grouped_with_a_strided_member_goes_as_views(monkeypatch, blocking
         assert_reduced(x.numpy(), reduce_expected(everyone(base), hvd.Sum), hvd.Sum)
 
 
+# A channels_last model's gradients: 4-D and 5-D tensors laid out densely in another order.
+# (16, 32, 8, 8) float32 is 128 KiB: on the host an in-place result that large takes the factor
+# on its way out of the buffer where it lies in order.
+DENSE_SHAPES = [(2, 3, 4, 5), (16, 32, 8, 8), (3,), (2, 2, 3, 3, 3), (1, 5, 1, 2)]
+
+
+def _laid_out(base: np.ndarray, other_order: bool) -> torch.Tensor:
+    """Return `base`'s values as a torch tensor, channels_last where `other_order` (4-D, 5-D)."""
+    x = torch.from_numpy(base.copy())
+    layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+    return x.contiguous(memory_format=layout) if other_order and layout else x
+
+
+@pytest.mark.parametrize("how", ["async_in_place", "async_mixed", "alone", "grouped"])
+def test_torch_channels_last_tensors_travel_as_they_are(no_views, joins, how):
+    # The engine copies tensors laid out in another order into its batch in their logical
+    # order, and their results back: no view made, and ranks whose layouts differ (every other
+    # tensor channels_last, the other way round on the next rank) reduce alike. With a
+    # prescale and Average's division; in a batch, in place or every other one, one at a time
+    # (each its own batch), and as a group at once on the caller's thread.
+    r = hvd.rank()
+    options = dict(op=hvd.Average, prescale_factor=2.0)
+    for _ in range(2):  # (the kept template and buffer, the second time)
+        bases = [rank_values(s, np.float32, r, seed=360 + i) for i, s in enumerate(DENSE_SHAPES)]
+        xs = [_laid_out(base, (i + r) % 2 == 0) for i, base in enumerate(bases)]
+        layouts = [x.stride() for x in xs]
+        inplace = [how != "async_mixed" or i % 2 == 0 for i in range(len(xs))]
+        names = [f"torch.dense.{how}.{i}" for i in range(len(xs))]
+        if how == "grouped":
+            outs = hvd.torch.grouped_allreduce_(xs, name=f"torch.dense.{how}", **options)
+        elif how == "alone":
+            outs = [hvd.torch.synchronize(hvd.torch.allreduce_async_(x, name=name, **options))
+                    for x, name in zip(xs, names)]  # fmt: skip
+        else:
+            handles = [
+                (hvd.torch.allreduce_async_ if flag else hvd.torch.allreduce_async)(
+                    x, name=name, **options)
+                for x, flag, name in zip(xs, inplace, names)
+            ]  # fmt: skip
+            outs = [hvd.torch.synchronize(handle) for handle in handles]
+        for out, x, base, flag, layout in zip(outs, xs, bases, inplace, layouts):
+            assert (out is x) == flag and x.stride() == layout  # (the layout kept)
+            if not flag:
+                np.testing.assert_array_equal(x.numpy(), base)  # the input is untouched
+            expected = reduce_expected(everyone(base), hvd.Average, 2.0)
+            assert_reduced(out.numpy(), expected, hvd.Average)
+            assert all(np.array_equal(o, out.numpy()) for o in everyone(out.numpy()))
+    assert any(not x.is_contiguous() for args in joins for x in args[0])
+
+
 def test_torch_async_tensors_meet_core_arrays_in_one_batch(monkeypatch):
     # A batch that holds torch tensors and numpy arrays of one kind goes the general way, the
     # tensors through their views; ranks whose batches differ so still reduce alike.
