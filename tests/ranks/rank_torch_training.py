@@ -90,6 +90,49 @@ def test_matches_single_process_on_the_global_batch(name, fusion):
     assert_same_parameters(model, reference(OPTIMIZERS[name], hvd.size()))
 
 
+def make_conv_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.Tanh(), torch.nn.Conv2d(4, 2, 2), torch.nn.Flatten(),
+        torch.nn.Linear(8, 1),
+    )  # fmt: skip
+
+
+def test_channels_last_model_matches_single_process():
+    # A channels_last model's convolution gradients lie in memory in another order than their
+    # logical one; on every other rank the model is contiguous. Its training still equals one
+    # process training on the global batch (over Gloo the gradients travel as they are).
+    r, n = hvd.rank(), hvd.size()
+    generator = torch.Generator().manual_seed(77)
+    batches = [(torch.randn(n * BATCH, 3, 5, 5, generator=generator),
+                torch.randn(n * BATCH, 1, generator=generator)) for _ in range(STEPS)]  # fmt: skip
+    last = r % 2 == 0
+
+    def train(model, optimizer, mine):
+        for x, y in batches:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(mine(x)), mine(y)).backward()
+            optimizer.step()
+
+    expected = make_conv_model()
+    train(expected, OPTIMIZERS["sgd"](expected.parameters()), lambda t: t)
+    model = make_conv_model(seed=r)
+    if last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = hvd.DistributedOptimizer(
+        OPTIMIZERS["sgd"](model.parameters()), named_parameters=model.named_parameters()
+    )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def mine(t):
+        t = t[r * BATCH : (r + 1) * BATCH]
+        return t.contiguous(memory_format=torch.channels_last) if last and t.dim() == 4 else t
+
+    train(model, optimizer, mine)
+    assert any(not p.grad.is_contiguous() for p in model.parameters()) == last
+    assert_same_parameters(model, expected)
+
+
 @pytest.mark.parametrize("set_to_none", [True, False])
 def test_matches_single_process_with_either_zero_grad_mode(set_to_none):
     # Kept gradients (set_to_none=False) are the same tensors every step, reduced in place again;
