@@ -171,9 +171,10 @@ def _allreduce_now(tensor, *, name, args: dict, inplace: bool = False) -> torch.
     # On torch's gloo or NCCL the tensor itself travels (small_allreduce.tensor_allreduce)
     data = tensor.detach() if tensor.requires_grad else tensor
     out = tensor_allreduce(data, TORCH_TENSORS, name, inplace, args)
-    if out is None and data.is_cuda:
-        # (a factor or a process set: the engine's tensor way, at once; on the host a view
-        # costs no copy, and this second look-up would cost every call that MPI moves)
+    if out is None and (data.is_cuda or not data.is_contiguous()):
+        # (a factor, a process set, or another layout such as channels_last: the engine's
+        # tensor way, at once; a contiguous host tensor's view costs no copy, and this second
+        # look-up would cost every call that MPI moves)
         out = tensor_allreduce_now(data, TORCH_TENSORS, name, inplace, args)
     if out is not None:
         if inplace:  # (its version moves on, as with torch's own in-place ops: write_back)

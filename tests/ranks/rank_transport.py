@@ -447,23 +447,38 @@ def _laid_out(base: np.ndarray, other_order: bool) -> torch.Tensor:
     return x.contiguous(memory_format=layout) if other_order and layout else x
 
 
-@pytest.mark.parametrize("how", ["async_in_place", "async_mixed", "alone", "grouped"])
-def test_torch_channels_last_tensors_travel_as_they_are(no_views, joins, how):
+@pytest.mark.parametrize("how", ["async_in_place", "async_mixed", "alone", "grouped", "sync"])
+def test_torch_channels_last_tensors_travel_as_they_are(monkeypatch, joins, how):
     # The engine copies tensors laid out in another order into its batch in their logical
     # order, and their results back: no view made, and ranks whose layouts differ (every other
     # tensor channels_last, the other way round on the next rank) reduce alike. With a
     # prescale and Average's division; in a batch, in place or every other one, one at a time
-    # (each its own batch), and as a group at once on the caller's thread.
+    # (each its own batch), as a group at once on the caller's thread, and synchronously (the
+    # engine's way at once, every other one in place).
+    from horovodlite.torch import mpi_ops
+
+    view = mpi_ops.TensorView
+
+    def no_views(tensor):  # (a contiguous host tensor's view costs nothing: synchronous ones
+        # with a factor take it)
+        if how != "sync" or not tensor.is_contiguous():
+            raise AssertionError("the tensor was viewed as a core array")
+        return view(tensor)
+
+    monkeypatch.setattr(mpi_ops, "TensorView", no_views)
     r = hvd.rank()
     options = dict(op=hvd.Average, prescale_factor=2.0)
     for _ in range(2):  # (the kept template and buffer, the second time)
         bases = [rank_values(s, np.float32, r, seed=360 + i) for i, s in enumerate(DENSE_SHAPES)]
         xs = [_laid_out(base, (i + r) % 2 == 0) for i, base in enumerate(bases)]
         layouts = [x.stride() for x in xs]
-        inplace = [how != "async_mixed" or i % 2 == 0 for i in range(len(xs))]
+        inplace = [how not in ("async_mixed", "sync") or i % 2 == 0 for i in range(len(xs))]
         names = [f"torch.dense.{how}.{i}" for i in range(len(xs))]
         if how == "grouped":
             outs = hvd.torch.grouped_allreduce_(xs, name=f"torch.dense.{how}", **options)
+        elif how == "sync":
+            outs = [(hvd.torch.allreduce_ if flag else hvd.torch.allreduce)(x, name=name, **options)
+                    for x, flag, name in zip(xs, inplace, names)]  # fmt: skip
         elif how == "alone":
             outs = [hvd.torch.synchronize(hvd.torch.allreduce_async_(x, name=name, **options))
                     for x, name in zip(xs, names)]  # fmt: skip
