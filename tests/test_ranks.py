@@ -86,7 +86,11 @@ CASES = [
 # of the NCCL transport, so the seam and everything above it run in CI. At 3 ranks: rank_transport
 # runs every core collective over Gloo at 2, 3 and 4.
 GLOO = {"HOROVODLITE_TRANSPORT": "gloo"}
-GLOO_CASES = [pytest.param(["rank_torch.py", "rank_torch_training.py"], 3, id="gloo-torch-3")]
+GLOO_CASES = [
+    pytest.param(
+        ["rank_torch.py", "rank_torch_training.py", "rank_gradients_torch.py"], 3, id="gloo-torch-3"
+    )
+]
 
 
 def test_every_module_is_launched():

@@ -81,8 +81,17 @@ def synchronize(handle: Handle):
 
 def _gradients(rule, grads, *args, **kwargs) -> list:
     """Return the core's gradient `rule` of a collective, run on the torch gradients `grads`
-    (at once, in the backward pass's order: blocking collectives, not the engine's)."""
-    views = [TensorView(g.contiguous()) for g in grads]
+    (at once, in the backward pass's order: blocking collectives, not the engine's): as they
+    are where the core can (an all-reduce's Sum or Average on torch's gloo or NCCL), else
+    through their views."""
+    grads = [g.contiguous() for g in grads]
+    data = [_as_they_may_go(g) for g in grads]  # (on the default stream, as _grouped_allreduce_now)
+    if all(d is not None for d in data):
+        kind = TORCH_TENSORS
+        results = collective_gradients.tensor_gradients(rule, kind, data, *args, **kwargs)
+        if results is not None:
+            return results
+    views = [TensorView(g) for g in grads]
     results = rule([v.array for v in views], *args, blocking=True, **kwargs)()
     return [v.to_tensor(r) for v, r in zip(views, results)]
 

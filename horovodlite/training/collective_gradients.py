@@ -37,13 +37,15 @@ import numpy as np
 from ..asynchronous import alltoall_async, grouped_allgather_async, grouped_allreduce_async
 from ..buffers import array_module
 from ..collectives import alltoall
-from ..grouped import grouped_allgather, grouped_allreduce
+from ..grouped import grouped_allgather, grouped_allreduce, grouped_tensor_allreduce
 from ..ops import ReduceOp, result_factor
 from ..process_sets import ProcessSet, global_process_set
 from ..state import rank
+from ..tensor_kind import TensorKind
 from .finishing import Finish, started
 
 __all__ = [
+    "tensor_gradients",
     "allreduce_gradients",
     "reducescatter_gradients",
     "allgather_gradients",
@@ -108,6 +110,43 @@ def reducescatter_gradients(grads: list, inputs: Optional[list] = None, **reduct
     return _reduction_gradient(_gathered, grads, inputs, **reduction)
 
 
+def tensor_gradients(rule, kind: TensorKind, grads: list, inputs=None, **reduction):
+    """Return the gradient `rule` (one of this module's) run at once on a binding's contiguous
+    tensors `grads` as they are, or None where they must go as numpy or CuPy views (then the
+    binding runs `rule` on those, blocking).
+
+    An all-reduce's gradient with Sum or Average is the sum G of the upstream gradients times a
+    factor: G travels as the tensors do where their transport moves them (torch's gloo and NCCL:
+    grouped_tensor_allreduce, the same agreement as the views' grouped all-reduce, so ranks on
+    either way meet), and is scaled by the kind where a factor is left (float32 and float64
+    only: a half type's product would round otherwise than its view's `array * factor`). Every
+    other gradient needs arrays (`inputs` for Min, Max and Product).
+    """
+    op = reduction.get("op")
+    if rule is not allreduce_gradients or op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        return None
+    process_set = _set(reduction.get("process_set"))
+    factor = _sum_factor(op, reduction.get("prescale_factor", 1.0),
+                         reduction.get("postscale_factor", 1.0), process_set)  # fmt: skip
+    if factor != 1.0 and not all(_scaled_as_arrays(kind, g) for g in grads):
+        return None
+    options = {"op": ReduceOp.SUM, "process_set": process_set}
+    summed = grouped_tensor_allreduce(
+        grads, kind, _member(reduction.get("name"), "sum"), False, options
+    )
+    if summed is not None and factor != 1.0:
+        for g in summed:
+            kind.scale(g, factor)
+    return summed
+
+
+def _scaled_as_arrays(kind: TensorKind, tensor) -> bool:
+    """Return whether the kind scales `tensor` as `array * factor` scales its view: float32 and
+    float64, one correctly rounded product in either library."""
+    described = kind.describe(tensor)
+    return described is not None and described[0] in (np.float32, np.float64)
+
+
 def _reduction_gradient(
     start_upstream: Callable[..., Finish],
     grads: list,
@@ -145,7 +184,7 @@ def _through_reduction(
     """
     scale = pre * post
     if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
-        factor = result_factor(op, scale, process_set.size())  # (Average's division)
+        factor = _sum_factor(op, pre, post, process_set)
         return lambda: [_scaled(g, factor) for g in upstream()]
     if inputs is None:
         raise ValueError(f"the gradient of a {op.name} reduction needs the forward's inputs")
@@ -199,6 +238,12 @@ def _product_gradient(
         return out
 
     return finish
+
+
+def _sum_factor(op, pre: float, post: float, process_set) -> float:
+    """The factor on G of a Sum's or an Average's gradient: pre * post, divided by the set's size
+    for Average."""
+    return result_factor(op, pre * post, process_set.size())
 
 
 def _scaled(array, factor: float):

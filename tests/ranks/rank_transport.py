@@ -499,6 +499,41 @@ def test_torch_channels_last_tensors_travel_as_they_are(monkeypatch, joins, how)
     assert any(not x.is_contiguous() for args in joins for x in args[0])
 
 
+@pytest.mark.parametrize(
+    "op, prescale, postscale",
+    [(hvd.Sum, 1.0, 1.0), (hvd.Average, 1.0, 1.0), (hvd.Sum, 2.0, 0.5), (hvd.Average, 3.0, 1.0)],
+)
+@pytest.mark.parametrize("grouped", [False, True], ids=["single", "grouped"])
+def test_torch_allreduce_gradient_travels_as_it_is(monkeypatch, op, prescale, postscale,
+                                                   grouped):  # fmt: skip
+    # A differentiable all-reduce's backward pass (SyncBatchNorm's, say) sums the upstream
+    # gradients as torch tensors over Gloo, no view made: each rank's gradient is that sum
+    # times the factors (and divided by the size for Average), the gradient of the sum of the
+    # ranks' losses.
+    from horovodlite.torch import mpi_ops
+
+    def refuse(tensor):
+        raise AssertionError("the gradient was viewed as a core array")
+
+    r, n = hvd.rank(), hvd.size()
+    shapes = [(3, 4), (5,)] if grouped else [(3, 4)]
+    xs = [torch.ones(shape, requires_grad=True) for shape in shapes]
+    upstream = [torch.from_numpy(rank_values(s, np.float32, r, seed=380 + i))
+                for i, s in enumerate(shapes)]  # fmt: skip
+    options = dict(op=op, prescale_factor=prescale, postscale_factor=postscale)
+    if grouped:
+        ys = hvd.torch.grouped_allreduce(xs, name="torch.grad.group", **options)
+    else:
+        ys = [hvd.torch.allreduce(xs[0], name="torch.grad", **options)]
+    loss = sum((y * u).sum() for y, u in zip(ys, upstream))
+    monkeypatch.setattr(mpi_ops, "TensorView", refuse)  # (the forward's factor took a view)
+    loss.backward()
+    factor = prescale * postscale / (n if op == hvd.Average else 1)
+    for i, (x, shape) in enumerate(zip(xs, shapes)):
+        summed = sum(rank_values(shape, np.float32, s, seed=380 + i) for s in range(n))
+        np.testing.assert_allclose(x.grad.numpy(), factor * summed, rtol=1e-6)
+
+
 def test_torch_async_tensors_meet_core_arrays_in_one_batch(monkeypatch):
     # A batch that holds torch tensors and numpy arrays of one kind goes the general way, the
     # tensors through their views; ranks whose batches differ so still reduce alike.
