@@ -6,20 +6,17 @@ set -u
 OLD=${OLD:-/tmp/old}
 HERE=benchmarks/results/stop53
 side_path() { if [ "$1" = old ]; then echo "$OLD"; else echo "$PWD"; fi; }
-for round in 1 2 3; do
-  for side in old new; do
-    P=$(side_path $side)
-    (cd $HERE && PYTHONPATH=$P HOROVODLITE_TRANSPORT=gloo timeout 300 \
-      mpiexec -n 1 python layouts.py) | sed "s|$OLD|old|; s|$PWD|new|"
-  done
-done 2>&1 | tee $HERE/layouts_np1.log
-for round in 1 2; do
-  for side in old new; do
-    P=$(side_path $side)
-    (cd $HERE && PYTHONPATH=$P HOROVODLITE_TRANSPORT=gloo timeout 300 \
-      mpiexec -n 2 python layouts.py) | sed "s|$OLD|old|; s|$PWD|new|"
-  done
-done 2>&1 | tee $HERE/layouts_np2.log
+layouts() {  # ranks, rounds: layouts.py old and new in turns
+  for round in $(seq "$2"); do
+    for side in old new; do
+      P=$(side_path $side)
+      (cd $HERE && PYTHONPATH=$P HOROVODLITE_TRANSPORT=gloo timeout 300 \
+        mpiexec -n "$1" python layouts.py) | sed "s|$OLD|old|; s|$PWD|new|"
+    done
+  done 2>&1 | tee $HERE/layouts_np$1.log
+}
+layouts 1 3
+layouts 2 2
 for round in 1 2; do
   for side in old new; do
     P=$(side_path $side)
