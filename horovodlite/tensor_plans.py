@@ -74,9 +74,10 @@ def tensor_allreduce_plan(tensor, kind, name, inplace: bool, options: dict) -> O
 
 def tensor_allreduce_now(tensor, kind, name, inplace: bool, options: dict):
     """allreduce() of a framework's `tensor` as it is, at once: for what the short way
-    (small_allreduce.tensor_allreduce) leaves, a factor or a process set; None where it goes as
-    a view (see tensor_allreduce_plan). The engine's tensor way, run on the caller's thread: a
-    GPU tensor whose view would be staged through host memory stays on its GPU."""
+    (small_allreduce.tensor_allreduce) leaves, a factor, a process set or a layout other than the
+    contiguous one (channels_last); None where it goes as a view (see tensor_allreduce_plan).
+    The engine's tensor way, run on the caller's thread: a GPU tensor whose view would be staged
+    through host memory stays on its GPU."""
     plan = tensor_allreduce_plan(tensor, kind, name, inplace, options)
     return None if plan is None else run_now(plan)
 

@@ -85,10 +85,10 @@ def _gradients(rule, grads, *args, **kwargs) -> list:
     are where the core can (an all-reduce's Sum or Average on torch's gloo or NCCL), else
     through their views."""
     grads = [g.contiguous() for g in grads]
-    data = [_as_they_may_go(g) for g in grads]  # (on the default stream, as _grouped_allreduce_now)
+    data = [_as_they_may_go(g) for g in grads]  # (as _grouped_allreduce_now: the default stream)
     if all(d is not None for d in data):
-        kind = TORCH_TENSORS
-        results = collective_gradients.tensor_gradients(rule, kind, data, *args, **kwargs)
+        rule_on = collective_gradients.tensor_gradients
+        results = rule_on(rule, TORCH_TENSORS, data, *args, **kwargs)
         if results is not None:
             return results
     views = [TensorView(g) for g in grads]

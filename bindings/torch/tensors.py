@@ -12,7 +12,7 @@ Where torch's own gloo or NCCL groups move a tensor, the short all-reduce and th
 without any view (`TORCH_TENSORS`, small_allreduce.tensor_allreduce, fusion.TensorEntry): the
 engine joins a batch into one torch buffer and splits it back. So the all-reduces of CUDA
 tensors that no CuPy array holds stay on the GPU too, on torch's NCCL: those that go as they are
-(contiguous, on the default stream; tensor_plans.py says which).
+(contiguous or channels_last, on the default stream; tensor_plans.py says which).
 """
 
 import threading
@@ -27,7 +27,6 @@ from horovodlite.tensor_kind import TensorKind, use_device_tensors
 from .transport import TorchTransport  # (importing it registers the gloo and nccl transports)
 
 __all__ = ["TORCH_TENSORS", "TensorView", "on_default_stream", "ordered_for_caller"]
-
 
 
 class TensorView:
