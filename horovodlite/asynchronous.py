@@ -52,7 +52,7 @@ __all__ = [
     "barrier",
     "start_timeline",
     "stop_timeline",
-]  # (tensor_allreduce_async is the bindings' own: horovodlite's top level shows these)
+]  # (tensor_allreduce_async and tensor_plan_async are the bindings' own: the top level shows these)
 
 
 def _engine():
@@ -140,6 +140,15 @@ def tensor_allreduce_async(tensor, kind: TensorKind, name, inplace: bool, option
     """
     plan = tensor_allreduce_plan(tensor, kind, name, inplace, options)
     return None if plan is None else _engine().submit_one(plan)
+
+
+def tensor_plan_async(plan) -> Handle:
+    """Start a framework tensor's collective as it is (tensor_plans.py: a broadcast, all-gather
+    or reduce-scatter plan) in the background; return a Handle.
+
+    A binding's way: synchronize() returns the framework's tensor (new, or the input itself
+    where the collective writes in place)."""
+    return _engine().submit_one(plan)
 
 
 def grouped_tensor_allreduce_async(tensors, kind: TensorKind, name, inplace: bool, options: dict):

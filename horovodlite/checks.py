@@ -21,6 +21,7 @@ __all__ = [
     "check_reduction",
     "check_writable",
     "check_rows",
+    "check_gathered_rows",
     "root_index",
     "checked",
     "prepare",
@@ -78,6 +79,16 @@ def check_rows(array, what: str) -> None:
     """Raise if `array` has no dimension 0 for the collective `what` to work on."""
     if array.ndim == 0:
         raise ValueError(f"{what} works on dimension 0, but got a 0-d array: reshape it to (1,)")
+
+
+def check_gathered_rows(counts, rows: int) -> None:
+    """Raise if the rows that the ranks hold (`counts`, agreed) do not fill allgather_into's
+    `rows`: the same sums on every rank, so all raise alike."""
+    if sum(counts) != rows:
+        raise ValueError(
+            f"allgather_into: the ranks hold {list(counts)} rows, {sum(counts)} in all, "
+            f"but out has {rows}"
+        )
 
 
 def root_index(root_rank, ranks) -> int:

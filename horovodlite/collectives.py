@@ -18,6 +18,7 @@ from .agreement import array_fields, digest
 from .algorithms.scratch import chunk_bounds
 from .buffers import array_module, is_cupy_array
 from .checks import (
+    check_gathered_rows,
     check_reduction,
     check_rows,
     check_writable,
@@ -252,21 +253,9 @@ def reducescatter_plan(
     """
     comm, ranks, array, xp, bad_input = prepare(tensor, process_set)
     settings = current().settings
-
-    def parse():
-        resolved = resolve_op(op, None)
-        check_rows(array, "reducescatter")
-        check_reduction(
-            array, resolved, prescale_factor, postscale_factor, comm.size, "reducescatter"
-        )
-        requested = algorithms.requested_algorithm(algorithm, settings.allreduce_algorithm)
-        if requested not in (None, *algorithms.REDUCESCATTER):
-            raise ValueError(
-                f"reducescatter has no {requested!r} algorithm: use "
-                f"{', '.join(algorithms.REDUCESCATTER)} or None"
-            )
-        return resolved, requested
-
+    parse = lambda: reducescatter_arguments(  # noqa: E731
+        array, op, prescale_factor, postscale_factor, algorithm, comm.size, settings
+    )
     parsed, error = checked(parse, bad_input)
     resolved, requested = parsed or (None, None)
     # An all-reduce's fields under this collective's name, and no device (on_host None).
@@ -291,6 +280,21 @@ def reducescatter_plan(
 
 
 reducescatter = synchronous(reducescatter_plan, "reducescatter")
+
+
+def reducescatter_arguments(array, op, prescale, postscale, algorithm, size: int, settings):
+    """Return reducescatter()'s (op, requested algorithm) for `array` over `size` ranks, or
+    raise TypeError or ValueError for a bad argument."""
+    resolved = resolve_op(op, None)
+    check_rows(array, "reducescatter")
+    check_reduction(array, resolved, prescale, postscale, size, "reducescatter")
+    requested = algorithms.requested_algorithm(algorithm, settings.allreduce_algorithm)
+    if requested not in (None, *algorithms.REDUCESCATTER):
+        raise ValueError(
+            f"reducescatter has no {requested!r} algorithm: use "
+            f"{', '.join(algorithms.REDUCESCATTER)} or None"
+        )
+    return resolved, requested
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,9 +350,7 @@ def allgather_plan(tensor, *, name=None, process_set=global_process_set) -> Plan
         return deliver(out, array, xp, False, (sum(rows), *array.shape[1:]))
 
     payload = array.shape[0] if array.ndim else 0
-    return Plan(
-        fields, set_id(process_set), comm, ranks, error, payload=payload, execute=execute
-    )
+    return Plan(fields, set_id(process_set), comm, ranks, error, payload=payload, execute=execute)
 
 
 allgather = synchronous(allgather_plan, "allgather")
@@ -364,20 +366,14 @@ def allgather_into_plan(out, rows, *, name=None, process_set=global_process_set)
     comm, ranks, array, xp, bad_input = prepare(out, process_set)
 
     def parse():
-        check_rows(array, "allgather_into")
+        check_gather_into(array, rows)
         check_writable(array, "allgather_into")
-        if not isinstance(rows, int) or not 0 <= rows <= array.shape[0]:
-            raise ValueError(f"rows must be an int in 0..{array.shape[0]}, got {rows!r}")
 
     _, error = checked(parse, bad_input)
     fields = array_fields("allgather_into", name, array)
 
     def execute(comm, counts):
-        if sum(counts) != array.shape[0]:  # the same sums on every rank: all raise alike
-            raise ValueError(
-                f"allgather_into: the ranks hold {list(counts)} rows, {sum(counts)} in all, "
-                f"but out has {array.shape[0]}"
-            )
+        check_gathered_rows(counts, array.shape[0])
         transport = select(current().settings, xp)
         buf, module = flat_work(array, xp, False, transport)
         row = math.prod(array.shape[1:])
@@ -385,12 +381,17 @@ def allgather_into_plan(out, rows, *, name=None, process_set=global_process_set)
         return deliver(buf, array, xp, True)
 
     payload = rows if isinstance(rows, int) else 0
-    return Plan(
-        fields, set_id(process_set), comm, ranks, error, payload=payload, execute=execute
-    )
+    return Plan(fields, set_id(process_set), comm, ranks, error, payload=payload, execute=execute)
 
 
 allgather_into = synchronous(allgather_into_plan, "allgather_into")
+
+
+def check_gather_into(array, rows) -> None:
+    """Raise ValueError where allgather_into() cannot gather this rank's `rows` into `array`."""
+    check_rows(array, "allgather_into")
+    if not isinstance(rows, int) or not 0 <= rows <= array.shape[0]:
+        raise ValueError(f"rows must be an int in 0..{array.shape[0]}, got {rows!r}")
 
 
 def _parse_splits(splits, rows: int, size: int) -> np.ndarray:

@@ -48,7 +48,7 @@ from .process_sets import global_process_set
 from .result_memory import new_host_like
 from .staging import deliver, scale
 from .state import current
-from .tensor_kind import TensorKind
+from .tensor_kind import Described, TensorKind
 from .transport import ON_DEVICE, select
 
 __all__ = [
@@ -260,7 +260,7 @@ def tensor_allreduce(tensor, kind: TensorKind, name, inplace: bool, options: dic
     out = tensor if inplace else kind.empty_like(tensor)
     if state.settings.check_metadata and not same_everywhere(comm, own, wait):
         dtype, shape, on_host = kind.describe(tensor)
-        explain(comm, allreduce_fields(name, _Described(dtype, shape), op, 1.0, 1.0, requested,
+        explain(comm, allreduce_fields(name, Described(dtype, shape), op, 1.0, 1.0, requested,
                                        on_host))  # fmt: skip
         # Beside a joined rank (explain raises otherwise): the tensor goes as it is, as one the
         # engine moves, where the joined rank's zeros meet it (fusion.zeros_entry).
@@ -293,15 +293,6 @@ def _ever_taken(tensor, kind, settings) -> bool:
     return kind.carried_by(select(settings, np if described[2] else ON_DEVICE))
 
 
-class _Described:
-    """The dtype and shape of a tensor, as array_fields reads them."""
-
-    __slots__ = ("dtype", "shape")
-
-    def __init__(self, dtype, shape):
-        self.dtype, self.shape = dtype, shape
-
-
 def _tensor_route(tensor, kind, op, name, requested, state):
     """Return (digest, transport, wait, whether data moves, the op it combines as, the result
     factor) for `tensor_allreduce`, or None where its transport does not move such tensors or
@@ -318,7 +309,7 @@ def _tensor_route(tensor, kind, op, name, requested, state):
     factor = result_factor(op, 1.0, size)
     if factor != 1.0 and not kind.scales_alike(dtype):
         return None  # (integers truncate through float64 in scale(): no framework's multiply)
-    fields = allreduce_fields(name, _Described(dtype, shape), op, 1.0, 1.0, requested, on_host)
+    fields = allreduce_fields(name, Described(dtype, shape), op, 1.0, 1.0, requested, on_host)
     moves = size > 1 and math.prod(shape) > 0
     wait = waiter(state, fields, range(size))
     return digest(fields), transport, wait, moves, combined_as(op), factor

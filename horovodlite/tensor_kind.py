@@ -12,7 +12,7 @@ batches (fusion.TensorEntry).
 
 from typing import Optional
 
-__all__ = ["TensorKind", "device_tensors", "use_device_tensors"]
+__all__ = ["TensorKind", "Described", "device_tensors", "use_device_tensors"]
 
 
 class TensorKind:
@@ -43,6 +43,10 @@ class TensorKind:
         raise NotImplementedError
 
     def empty_like(self, tensor):
+        raise NotImplementedError
+
+    def new(self, like, count: int):
+        """Return a new flat tensor of `count` elements of `like`'s dtype, on its device."""
         raise NotImplementedError
 
     def flat(self, tensor):
@@ -95,6 +99,20 @@ class TensorKind:
     def from_core(self, array, tensor, inplace: bool):
         """Return the general way's result `array` as the result for `tensor`."""
         raise NotImplementedError
+
+
+class Described:
+    """A tensor's numpy dtype and shape, as the agreement's fields and the checks read an array's
+    (agreement.array_fields)."""
+
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, dtype, shape: tuple):
+        self.dtype, self.shape = dtype, shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
 
 
 # The kind whose tensors hold GPU data that no CuPy array can (bfloat16, or CuPy missing): a

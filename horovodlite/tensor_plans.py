@@ -1,28 +1,51 @@
-"""The all-reduce plan of a framework's tensor that travels as it is: no numpy or CuPy view.
+"""The plans of a framework's tensors that travel as they are: no numpy or CuPy view.
 
 Where a binding's transport moves its tensors itself (torch's on torch.distributed's gloo and
-NCCL groups), the engine hands the tensors to it as they are (fusion.TensorEntry): joined into
-one buffer of the framework's, moved, and split back by the binding's `TensorKind`
-(tensor_kind.py). The plan is the general way's own: its fields, checks and fusion key are
-derived once from the plan of the tensor's view (collectives.allreduce_plan) and kept as a
-template, so ranks on either way agree, fuse and reduce alike.
+NCCL groups), the core hands the tensors to it as they are.
+
+- **All-reduce.** The engine joins a batch into one buffer of the framework's, moves it, and
+  splits it back by the binding's `TensorKind` (tensor_kind.py; fusion.TensorEntry). The plan is
+  the general way's own: its fields, checks and fusion key are derived once from the plan of the
+  tensor's view (collectives.allreduce_plan) and kept as a template, so ranks on either way
+  agree, fuse and reduce alike.
+- **Broadcast, all-gather (also into a tensor in place) and reduce-scatter.** The same fields
+  as the general way's plans (collectives.py), and the same calls of the same transport
+  (transport.GroupTransport, which views and makes the framework's tensors through the
+  transport's own hooks), so ranks on either way meet; the tensor itself is moved, and results
+  are the framework's tensors.
 """
 
+import math
 from typing import Optional
 
 import numpy as np
 
 from . import small_allreduce
-from .checks import set_id
-from .collectives import allreduce_plan, template_key
-from .fusion import TensorEntry, fusion_key
-from .ops import result_factor
+from .agreement import array_fields
+from .algorithms.scratch import chunk_bounds
+from .checks import check_gathered_rows, root_index, set_id
+from .collectives import (
+    allreduce_plan,
+    check_gather_into,
+    reducescatter_arguments,
+    template_key,
+)
+from .fusion import TensorEntry, allreduce_fields, fusion_key
+from .ops import ReduceOp, combined_as, result_factor
 from .plan import Plan, run_now, templates
 from .process_sets import communicator, global_process_set
 from .state import current
+from .tensor_kind import Described
 from .transport import ON_DEVICE, select
 
-__all__ = ["tensor_allreduce_now", "tensor_allreduce_plan"]
+__all__ = [
+    "tensor_allreduce_now",
+    "tensor_allreduce_plan",
+    "tensor_broadcast_plan",
+    "tensor_allgather_plan",
+    "tensor_allgather_into_plan",
+    "tensor_reducescatter_plan",
+]
 
 _OPTIONS = frozenset({"op", "prescale_factor", "postscale_factor", "process_set", "algorithm"})
 
@@ -122,3 +145,170 @@ def _tensor_template(tensor, kind, op, name, prescale, postscale, process_set, a
         key = fusion_key(dtype, entry.op, entry.prescale, entry.postscale, entry.requested, xp)
     comm, ranks = (plan.comm, plan.ranks) if process_set is global_process_set else (None, None)
     return entry.op, entry.requested, fields, key, dtype, xp, comm, ranks
+
+
+# ---------------------------------------------------------------------------------------------
+# Broadcast, all-gather and reduce-scatter of a framework's tensor as it is.
+#
+# Whether a tensor goes as it is depends only on what every rank agrees on or shares (its
+# dtype, whether it lies on a GPU, the op and factors, the settings and the libraries here), not
+# on its layout or stream: a rank whose tensor went as a view staged through host memory would
+# meet the others' NCCL call with an MPI one. A tensor that does not lie in its logical order is
+# copied into one that does. Where an argument is bad, the view's plan reports it on every rank
+# (the fields differ, or the view's plan carries the error).
+
+
+def tensor_broadcast_plan(tensor, kind, root_rank, name, process_set,
+                          inplace: bool) -> Optional[Plan]:  # fmt: skip
+    """Return broadcast_plan() of a framework's `tensor` that its transport moves as it is (the
+    kind's tensors, no view), or None where it goes as a view (see tensor_allreduce_plan)."""
+    moved = _moved(tensor, kind)
+    if moved is None:
+        return None
+    dtype, shape, transport = moved
+    comm, ranks = communicator(process_set)
+    try:
+        root = root_index(root_rank, ranks)
+    except (TypeError, ValueError):
+        return None
+    fields = array_fields("broadcast", name, Described(dtype, shape), root_rank=root_rank)
+
+    def execute(comm, _):
+        if inplace and kind.contiguous(tensor):
+            transport.broadcast(comm, kind.flat(tensor), root)
+            return tensor
+        buf = kind.new(tensor, math.prod(shape))
+        if inplace or comm.rank == root:  # (the others' values are overwritten)
+            buf.reshape(shape)[...] = tensor
+        transport.broadcast(comm, buf, root)
+        if not inplace:
+            return buf.reshape(shape)
+        tensor[...] = buf.reshape(shape)
+        return tensor
+
+    return Plan(fields, set_id(process_set), comm, ranks, execute=execute)
+
+
+def tensor_allgather_plan(tensor, kind, name, process_set) -> Optional[Plan]:
+    """Return allgather_plan() of a framework's `tensor` as it is (see tensor_broadcast_plan)."""
+    moved = _moved(tensor, kind)
+    if moved is None or not moved[1]:  # (a 0-d tensor: the view's plan reports it)
+        return None
+    dtype, shape, transport = moved
+    comm, ranks = communicator(process_set)
+    fields = array_fields("allgather", name, Described(dtype, shape), trailing=True)
+
+    def execute(comm, rows):
+        row = math.prod(shape[1:])
+        counts = [r * row for r in rows]
+        out = kind.new(tensor, sum(counts))
+        transport.allgatherv(comm, _flat(kind, tensor, shape), out, counts)
+        return out.reshape((sum(rows), *shape[1:]))
+
+    return Plan(fields, set_id(process_set), comm, ranks, payload=shape[0], execute=execute)
+
+
+def tensor_allgather_into_plan(out, kind, rows, name, process_set) -> Optional[Plan]:
+    """Return allgather_into_plan() of a framework's tensor `out` as it is (see
+    tensor_broadcast_plan): the ranks' rows gathered into it, in place."""
+    moved = _moved(out, kind)
+    if moved is None:
+        return None
+    dtype, shape, transport = moved
+    described = Described(dtype, shape)
+    try:
+        check_gather_into(described, rows)
+    except ValueError:
+        return None
+    comm, ranks = communicator(process_set)
+    fields = array_fields("allgather_into", name, described)
+
+    def execute(comm, counts):
+        check_gathered_rows(counts, shape[0])
+        row = math.prod(shape[1:])
+        where = kind.contiguous(out)
+        buf = kind.flat(out) if where else _flat(kind, out, shape)
+        transport.allgatherv(comm, None, buf, [c * row for c in counts])
+        if not where:  # (gathered in a copy in the logical order: back into the tensor)
+            out[...] = buf.reshape(shape)
+        return out
+
+    return Plan(fields, set_id(process_set), comm, ranks, payload=rows, execute=execute)
+
+
+def tensor_reducescatter_plan(tensor, kind, name, options: dict) -> Optional[Plan]:
+    """Return reducescatter_plan() of a framework's `tensor` as it is (see
+    tensor_broadcast_plan); `options` are reducescatter()'s other keyword arguments. A result
+    scaled in a dtype the kind does not scale as the general way goes as a view."""
+    if not _REDUCESCATTER_OPTIONS.issuperset(options):
+        return None
+    get = options.get
+    prescale, postscale = get("prescale_factor", 1.0), get("postscale_factor", 1.0)
+    process_set = get("process_set", global_process_set)
+    described = kind.describe(tensor)
+    if described is None:
+        return None
+    dtype, shape, on_host = described
+    settings = current().settings
+    comm, ranks = communicator(process_set)
+    try:
+        resolved, requested = reducescatter_arguments(
+            Described(dtype, shape), get("op", ReduceOp.AVERAGE), prescale, postscale,
+            get("algorithm"), comm.size, settings,
+        )  # fmt: skip
+        xp = np if on_host else ON_DEVICE
+        transport = select(settings, xp, resolved, dtype)
+    except (TypeError, ValueError, NotImplementedError):
+        return None
+    factor = result_factor(resolved, postscale, comm.size)
+    if not kind.carried_by(transport) or (
+        (prescale != 1.0 or factor != 1.0) and not kind.scales_alike(dtype)
+    ):
+        return None
+    fields = allreduce_fields(name, Described(dtype, shape), resolved, prescale, postscale,
+                              requested, None, "reducescatter")  # fmt: skip
+    combined = combined_as(resolved)
+
+    def execute(comm, _):
+        buf = kind.new(tensor, math.prod(shape))  # (the reduction writes into it)
+        buf.reshape(shape)[...] = tensor
+        if prescale != 1.0:
+            kind.scale(buf, float(prescale))
+        row = math.prod(shape[1:])
+        rows = chunk_bounds(shape[0], comm.size)
+        bounds = tuple((lo * row, hi * row) for lo, hi in rows)
+        mine = transport.reducescatter(comm, buf, bounds, combined, xp, requested)
+        if factor != 1.0:
+            kind.scale(mine, factor)
+        lo, hi = rows[comm.rank]
+        return mine.reshape((hi - lo, *shape[1:]))
+
+    return Plan(fields, set_id(process_set), comm, ranks, execute=execute)
+
+
+_REDUCESCATTER_OPTIONS = frozenset(
+    {"op", "prescale_factor", "postscale_factor", "process_set", "algorithm"}
+)
+
+
+def _moved(tensor, kind):
+    """Return (numpy dtype, shape, transport) where the transport that moves data like `tensor`
+    (no reduction) takes it as it is, else None."""
+    described = kind.describe(tensor)
+    if described is None:
+        return None
+    dtype, shape, on_host = described
+    try:
+        transport = select(current().settings, np if on_host else ON_DEVICE)
+    except ValueError:  # (a transport named but missing: the view's way reports it)
+        return None
+    return (dtype, shape, transport) if kind.carried_by(transport) else None
+
+
+def _flat(kind, tensor, shape: tuple):
+    """Return a flat tensor of `tensor`'s values in its logical order: itself, or a copy."""
+    if kind.contiguous(tensor):
+        return kind.flat(tensor)
+    buf = kind.new(tensor, math.prod(shape))
+    buf.reshape(shape)[...] = tensor
+    return buf

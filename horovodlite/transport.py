@@ -201,37 +201,43 @@ class GroupTransport:
 
     def reducescatter(self, comm, buf, bounds, op, xp, requested):
         lo, hi = bounds[comm.rank]
-        if comm.size == 1 or not buf.size:
+        if comm.size == 1 or not buf.shape[0]:
             return buf[lo:hi]
         group = self.group(comm)
         if len({stop - start for start, stop in bounds}) == 1:
-            out = new_array(xp, hi - lo, buf.dtype)
+            out = self.new_like(buf, hi - lo)
             self.reduce_scatter(group, buf, out, op)
             return out
         self.reduce_all(group, buf, op)
         return buf[lo:hi]
 
     def broadcast(self, comm, buf, root: int) -> None:
-        if buf.size and comm.size > 1:
-            self.broadcast_bytes(self.group(comm), _bytes(buf), root)
+        if buf.shape[0] and comm.size > 1:
+            self.broadcast_bytes(self.group(comm), self.as_bytes(buf), root)
 
     def allgatherv(self, comm, own, out, counts: list) -> None:
         starts = _displacements(counts)
         mine = slice(starts[comm.rank], starts[comm.rank] + counts[comm.rank])
-        if own is not None:
-            out[mine] = own
-        if comm.size == 1 or not out.size:
+        if comm.size == 1 or not out.shape[0]:
+            if own is not None:
+                out[mine] = own
             return
+        if own is None or not _writable(own):
+            # In place, this rank's part sits in `out`, which the library rewrites; a read-only
+            # array a library would view with a warning (torch).
+            part = out[mine] if own is None else own
+            own = self.new_like(out, counts[comm.rank])
+            own[...] = part
         group, width = self.group(comm), out.dtype.itemsize
         longest = max(counts)
         if longest == min(counts):
-            self.gather_all(group, _bytes(out[mine].copy()), _bytes(out))
+            self.gather_all(group, self.as_bytes(own), self.as_bytes(out))
             return
-        empty = _empty_like(out)
-        send, gathered = empty(longest * width), empty(longest * width * comm.size)
-        send[: counts[comm.rank] * width] = _bytes(out[mine])
+        send = self.new_like(out, longest * width, True)
+        gathered = self.new_like(out, longest * width * comm.size, True)
+        send[: counts[comm.rank] * width] = self.as_bytes(own)
         self.gather_all(group, send, gathered)
-        flat = _bytes(out)
+        flat = self.as_bytes(out)
         for rank, (start, count) in enumerate(zip(starts, counts)):
             first = rank * longest * width
             flat[start * width : (start + count) * width] = gathered[first : first + count * width]
@@ -243,9 +249,9 @@ class GroupTransport:
         width = buf.dtype.itemsize
         self.alltoallv_bytes(
             self.group(comm),
-            _bytes(buf),
+            self.as_bytes(buf),
             [c * width for c in send_counts],
-            _bytes(out),
+            self.as_bytes(out),
             [c * width for c in recv_counts],
         )
 
@@ -253,19 +259,29 @@ class GroupTransport:
         if comm.size > 1:
             self.barrier_group(self.group(comm))
 
+    # The buffers above are numpy or CuPy arrays, or a framework's own tensors where the
+    # subclass moves them as they are (torch's gloo and NCCL; tensor_plans.py). The methods
+    # touch them by slicing, assignment, `shape` and `dtype.itemsize`, which all of these share,
+    # and by the two below, which such a subclass extends to its tensors.
 
-def _bytes(buf):
-    """View the flat contiguous `buf` (numpy or CuPy) as bytes."""
-    return buf.view(np.uint8)
+    def as_bytes(self, buf):
+        """View the flat contiguous `buf` as bytes."""
+        return buf.view(np.uint8)
+
+    def new_like(self, buf, count: int, as_bytes: bool = False):
+        """Return a new flat buffer of `count` elements of `buf`'s dtype (of bytes with
+        `as_bytes`), where `buf` lies."""
+        dtype = np.dtype(np.uint8) if as_bytes else buf.dtype
+        if isinstance(buf, np.ndarray):
+            return new_array(np, count, dtype)
+        import cupy
+
+        return cupy.empty(count, dtype=dtype)
 
 
-def _empty_like(buf):
-    """Return `empty(n)` making byte arrays of `buf`'s kind (numpy or CuPy)."""
-    if isinstance(buf, np.ndarray):
-        return lambda n: np.empty(n, dtype=np.uint8)
-    import cupy
-
-    return lambda n: cupy.empty(n, dtype=np.uint8)
+def _writable(buf) -> bool:
+    # (CuPy's arrays and a framework's tensors are always writable)
+    return getattr(getattr(buf, "flags", None), "writeable", True)
 
 
 def _displacements(counts: list) -> list:

@@ -1,6 +1,8 @@
 """The collectives on torch tensors: synchronous, in-place, asynchronous and grouped forms.
 
-Tensors are handed to the core as zero-copy views (tensors.py); no algorithm lives here. The
+Tensors are handed to the core as they are where torch's gloo or NCCL moves them
+(horovodlite/tensor_plans.py: all-reduce, broadcast, all-gather, reduce-scatter), else as
+zero-copy views (tensors.py); no algorithm lives here. The
 out-of-place synchronous collectives are differentiable: each backward runs the core's gradient
 of that collective (horovodlite/training/collective_gradients.py), the gradient of the sum of
 the ranks' losses (`torch.autograd.Function.apply` takes its arguments by position only).
@@ -12,11 +14,21 @@ import numpy as np
 
 import horovodlite as core
 import torch
-from horovodlite.asynchronous import grouped_tensor_allreduce_async, tensor_allreduce_async
+from horovodlite.asynchronous import (
+    grouped_tensor_allreduce_async,
+    tensor_allreduce_async,
+    tensor_plan_async,
+)
 from horovodlite.grouped import grouped_tensor_allreduce
+from horovodlite.plan import run_now
 from horovodlite.process_sets import global_process_set
 from horovodlite.small_allreduce import tensor_allreduce
-from horovodlite.tensor_plans import tensor_allreduce_now
+from horovodlite.tensor_plans import (
+    tensor_allgather_plan,
+    tensor_allreduce_now,
+    tensor_broadcast_plan,
+    tensor_reducescatter_plan,
+)
 from horovodlite.training import collective_gradients, reduce_kwargs
 
 from .compression import Compression
@@ -399,10 +411,40 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
 
 
 # -- allgather, broadcast, alltoall, reduce-scatter ------------------------------------------
+# Each tries the core's plan of the tensor as it is first (tensor_plans.py), then its view. The
+# blocking forms run on the caller's thread and stream; the engine runs on each GPU's default
+# stream, which `_submitted` orders after the caller's.
+
+
+def _data(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, detached where autograd records (the collectives' results are new tensors, or
+    written into it in place, where autograd's version counter is moved on by hand)."""
+    return tensor.detach() if tensor.requires_grad else tensor
+
+
+def _submitted(plan, data: torch.Tensor, finish=ordered_for_caller) -> Handle:
+    """Hand a tensor's plan to the engine; return its Handle. A CUDA tensor made on a side
+    stream is waited for by the default stream, where the engine's work runs, first (a wait
+    on the GPU, not on the host); `finish` orders the result for the caller's stream."""
+    if data.is_cuda and not on_default_stream(data):
+        device = data.device
+        torch.cuda.default_stream(device).wait_stream(torch.cuda.current_stream(device))
+    return Handle(tensor_plan_async(plan), finish)
+
+
+def _written(tensor: torch.Tensor) -> torch.Tensor:
+    """Finish an in-place collective that wrote into `tensor`: its version moves on, as with
+    torch's own in-place ops, so autograd refuses a backward pass that saved the old values."""
+    torch.autograd.graph.increment_version(tensor)
+    return tensor
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
     """Start an allgather along dimension 0; return a Handle."""
+    data = _data(tensor)
+    plan = tensor_allgather_plan(data, TORCH_TENSORS, name, process_set)
+    if plan is not None:
+        return _submitted(plan, data)
     view = TensorView(tensor)
     return Handle(
         core.allgather_async(view.array, name=name, process_set=process_set), view.to_tensor
@@ -413,6 +455,9 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
         ctx.rows, ctx.process_set = tensor.shape[0], process_set
+        plan = tensor_allgather_plan(_data(tensor), TORCH_TENSORS, name, process_set)
+        if plan is not None:
+            return run_now(plan)
         view = TensorView(tensor)
         return view.to_tensor(core.allgather(view.array, name=name, process_set=process_set))
 
@@ -457,6 +502,10 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set) -> lis
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """Start a broadcast from `root_rank` into a new tensor; return a Handle."""
+    data = _data(tensor)
+    plan = tensor_broadcast_plan(data, TORCH_TENSORS, root_rank, name, process_set, False)
+    if plan is not None:
+        return _submitted(plan, data)
     view = TensorView(tensor)
     handle = core.broadcast_async(view.array, root_rank, name=name, process_set=process_set)
     return Handle(handle, view.to_tensor)
@@ -464,6 +513,10 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """Start an in-place broadcast from `root_rank`; return a Handle."""
+    data = _data(tensor)
+    plan = tensor_broadcast_plan(data, TORCH_TENSORS, root_rank, name, process_set, True)
+    if plan is not None:
+        return _submitted(plan, data, lambda _: ordered_for_caller(_written(tensor)))
     view = TensorView(tensor)
     handle = core.broadcast_async_(view.array, root_rank, name=name, process_set=process_set)
     return Handle(handle, view.write_back)
@@ -473,6 +526,10 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.process_set = root_rank, process_set
+        plan = tensor_broadcast_plan(_data(tensor), TORCH_TENSORS, root_rank, name, process_set,
+                                     False)  # fmt: skip
+        if plan is not None:
+            return run_now(plan)
         view = TensorView(tensor)
         result = core.broadcast(view.array, root_rank, name=name, process_set=process_set)
         return view.to_tensor(result)
@@ -491,6 +548,10 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> t
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
     """Overwrite `tensor` with `root_rank`'s, in place; return it."""
+    plan = tensor_broadcast_plan(_data(tensor), TORCH_TENSORS, root_rank, name, process_set, True)
+    if plan is not None:
+        run_now(plan)
+        return _written(tensor)
     view = TensorView(tensor)
     result = core.broadcast_(view.array, root_rank, name=name, process_set=process_set)
     return view.write_back(result)
@@ -551,6 +612,11 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 def _reducescatter_async(tensors: list, *, name, args: dict, grouped: bool) -> Handle:
     """Start one reduce-scatter of `tensors` (a single one, or a group); return a Handle."""
+    if not grouped:
+        data = _data(tensors[0])
+        plan = tensor_reducescatter_plan(data, TORCH_TENSORS, name, args)
+        if plan is not None:
+            return _submitted(plan, data)
     views = [TensorView(t) for t in tensors]
     if not grouped:
         handle = core.reducescatter_async(views[0].array, name=name, **args)
@@ -581,6 +647,9 @@ class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, args):
         _save_inputs(ctx, args, [tensor])
+        plan = tensor_reducescatter_plan(_data(tensor), TORCH_TENSORS, name, args)
+        if plan is not None:
+            return run_now(plan)
         view = TensorView(tensor)
         return view.to_tensor(core.reducescatter(view.array, name=name, **args))
 

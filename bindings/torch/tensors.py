@@ -107,6 +107,9 @@ class _TorchTensors(TensorKind):
     def empty_like(self, tensor):
         return torch.empty_like(tensor)
 
+    def new(self, like, count: int):
+        return torch.empty(count, dtype=like.dtype, device=like.device)
+
     def flat(self, tensor):
         return tensor.view(-1)
 

@@ -164,19 +164,20 @@ class TorchTransport(GroupTransport):
             parts = list(self._tensor(buf).chunk(group.backend.size()))
             return group.backend.reduce_scatter([self._tensor(out)], [parts], options)
 
-        self._run(group, start)
+        self._run(group, start, tensors=isinstance(buf, torch.Tensor))
 
     def gather_all(self, group, send, out) -> None:
         def start():
             parts = list(self._tensor(out).chunk(group.backend.size()))
             return group.backend.allgather([parts], [self._tensor(send)])
 
-        self._run(group, start)
+        self._run(group, start, tensors=isinstance(send, torch.Tensor))
 
     def broadcast_bytes(self, group, buf, root: int) -> None:
         options = dist.BroadcastOptions()
         options.rootRank = root
-        self._run(group, lambda: group.backend.broadcast([self._tensor(buf)], options))
+        self._run(group, lambda: group.backend.broadcast([self._tensor(buf)], options),
+                  tensors=isinstance(buf, torch.Tensor))  # fmt: skip
 
     def alltoallv_bytes(self, group, buf, send_counts, out, recv_counts) -> None:
         self._run(
@@ -188,7 +189,22 @@ class TorchTransport(GroupTransport):
                 list(send_counts),
                 dist.AllToAllOptions(),
             ),
+            tensors=isinstance(buf, torch.Tensor),
         )
+
+    # torch's own tensors travel as they are (horovodlite/tensor_plans.py): GroupTransport's
+    # collectives view and make them through these.
+
+    def as_bytes(self, buf):
+        if isinstance(buf, torch.Tensor):
+            return buf.view(torch.uint8)
+        return super().as_bytes(buf)
+
+    def new_like(self, buf, count: int, as_bytes: bool = False):
+        if isinstance(buf, torch.Tensor):
+            dtype = torch.uint8 if as_bytes else buf.dtype
+            return torch.empty(count, dtype=dtype, device=buf.device)
+        return super().new_like(buf, count, as_bytes)
 
     def barrier_group(self, group) -> None:
         self._run(group, lambda: group.backend.barrier(dist.BarrierOptions()), host_waits=True)

@@ -13,7 +13,9 @@ import math
 
 import horovodlite as core
 import torch
+from horovodlite.plan import run_now
 from horovodlite.process_sets import global_process_set
+from horovodlite.tensor_plans import tensor_allgather_into_plan
 from horovodlite.training import ReductionSettings
 from horovodlite.training.optimizer_checks import accumulated_too_often, parameter_names
 from horovodlite.training.sharding import plan_buckets
@@ -22,7 +24,7 @@ from .compression import Compression
 from .functions import allgather_object
 from .mpi_ops import allreduce, allreduce_async_, reducescatter_async, synchronize
 from .optimizer import Wrapper, check_unwrapped
-from .tensors import TensorView
+from .tensors import TORCH_TENSORS, TensorView
 
 __all__ = ["ZeroOptimizer"]
 
@@ -253,9 +255,14 @@ class _ZeroMixin(Wrapper):
         rank = process_set.rank()
         for b, (flat, bucket) in enumerate(zip(self._zero_flat, self._zero_buckets)):
             lo, hi = bucket.bounds[rank]
+            name = f"zero.parameters.{b}"
+            plan = tensor_allgather_into_plan(flat, TORCH_TENSORS, hi - lo, name, process_set)
+            if plan is not None:  # (on torch's gloo or NCCL: the buffer itself, no view)
+                run_now(plan)
+                torch.autograd.graph.increment_version(flat)
+                continue
             view = TensorView(flat)
-            gathered = core.allgather_into(view.array, hi - lo, name=f"zero.parameters.{b}",
-                                           process_set=process_set)  # fmt: skip
+            gathered = core.allgather_into(view.array, hi - lo, name=name, process_set=process_set)
             view.write_back(gathered)
 
     def zero_grad(self, set_to_none: bool = True) -> None:

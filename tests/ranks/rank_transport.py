@@ -877,3 +877,220 @@ def test_gpu_data_no_cupy_holds_beside_host_data_fails_on_every_rank(stand_in):
                                                        name, False, {}))  # fmt: skip
         assert "device" in str(error.value) and "cuda" in str(error.value), str(error.value)
     assert hvd.allreduce(np.ones(2), op=hvd.Sum, name="nocupy.after")[0] == hvd.size()
+
+
+# -- broadcast, all-gather and reduce-scatter of torch tensors as they are (tensor_plans.py) ---
+
+MOVED_DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16",
+                "float32", "float64"]  # fmt: skip
+
+
+def as_torch(array: np.ndarray) -> torch.Tensor:
+    from horovodlite.torch.tensors import _from_numpy
+
+    return _from_numpy(np.ascontiguousarray(array)).clone()
+
+
+def as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    from horovodlite.torch.tensors import _numpy_view
+
+    return _numpy_view(tensor.contiguous())
+
+
+def strided(tensor: torch.Tensor) -> torch.Tensor:
+    """The same values, laid out in another order (not contiguous) where it has two dimensions."""
+    return tensor.t().contiguous().t() if tensor.dim() == 2 else tensor
+
+
+@pytest.fixture()
+def moved_as_they_are(monkeypatch) -> list:
+    """Record each plan the torch binding takes as it is, where no view may be made."""
+    from horovodlite.torch import mpi_ops
+
+    def refuse(tensor):
+        raise AssertionError("the tensor was viewed as a core array")
+
+    monkeypatch.setattr(mpi_ops, "TensorView", refuse)
+    plans = []
+    for name in ("tensor_broadcast_plan", "tensor_allgather_plan", "tensor_reducescatter_plan"):
+        original = getattr(mpi_ops, name)
+
+        def spy(*args, _original=original, **kwargs):
+            plan = _original(*args, **kwargs)
+            plans.append(plan)
+            return plan
+
+        monkeypatch.setattr(mpi_ops, name, spy)
+    return plans
+
+
+@pytest.mark.parametrize("dtype", MOVED_DTYPES)
+def test_torch_broadcast_travels_as_it_is(moved_as_they_are, dtype):
+    n, r = hvd.size(), hvd.rank()
+    base = rank_values((3, 4), dtype, r, seed=81)
+    for root in range(n):
+        expected = WORLD.bcast(base, root)
+        for layout in (lambda t: t, strided):
+            x = layout(as_torch(base))
+            out = hvd.torch.broadcast(x, root, name=f"bcast.{dtype}.{root}")
+            assert out.data_ptr() != x.data_ptr() and out.dtype == x.dtype
+            np.testing.assert_array_equal(as_numpy(out), expected)
+            np.testing.assert_array_equal(as_numpy(x), base)  # the input is untouched
+            out = hvd.torch.synchronize(hvd.torch.broadcast_async(x, root))
+            np.testing.assert_array_equal(as_numpy(out), expected)
+            version = x._version
+            assert hvd.torch.broadcast_(x, root, name=f"bcast_.{dtype}.{root}") is x
+            assert x._version > version  # autograd sees the change
+            np.testing.assert_array_equal(as_numpy(x), expected)
+            y = layout(as_torch(base))
+            assert hvd.torch.synchronize(hvd.torch.broadcast_async_(y, root)) is y
+            np.testing.assert_array_equal(as_numpy(y), expected)
+    assert moved_as_they_are and None not in moved_as_they_are
+    assert moved_by_gloo(current().comm)
+
+
+@pytest.mark.parametrize("dtype", MOVED_DTYPES)
+def test_torch_allgather_travels_as_it_is(moved_as_they_are, dtype):
+    n, r = hvd.size(), hvd.rank()
+    x = rank_values((2 * n, 3), dtype, r, seed=82)
+    # Uneven (rank r sends r + 1 rows; the last rank none where there are several), even, and
+    # strided: each rank's rows in rank order.
+    rows = 0 if r == n - 1 and n > 1 else r + 1
+    for part in (x[:rows], x[:2], x[:2].T.copy().T):
+        for layout in (lambda t: t, strided):
+            tensor = layout(as_torch(part))
+            expected = np.concatenate(everyone(part))
+            out = hvd.torch.allgather(tensor, name=f"gather.{dtype}")
+            np.testing.assert_array_equal(as_numpy(out), expected)
+            out = hvd.torch.synchronize(hvd.torch.allgather_async(tensor))
+            np.testing.assert_array_equal(as_numpy(out), expected)
+    assert moved_as_they_are and None not in moved_as_they_are
+
+
+@pytest.mark.parametrize(
+    "dtype, op, prescale, postscale",
+    [("float32", hvd.Average, 1.0, 1.0), ("float64", hvd.Sum, 0.5, 4.0),
+     ("float32", hvd.Average, 2.0, 0.25), ("int32", hvd.Sum, 1.0, 1.0),
+     ("int64", hvd.Max, 1.0, 1.0), ("bfloat16", hvd.Min, 1.0, 1.0),
+     ("float16", hvd.Sum, 1.0, 1.0), ("float64", hvd.Product, 1.0, 1.0)],
+)  # fmt: skip
+@pytest.mark.parametrize("rows_per_rank", [2, 1.5])
+def test_torch_reducescatter_travels_as_it_is(moved_as_they_are, dtype, op, prescale, postscale,
+                                              rows_per_rank):  # fmt: skip
+    n, r = hvd.size(), hvd.rank()
+    rows = int(rows_per_rank * n) + (rows_per_rank != int(rows_per_rank))
+    x = rank_values((rows, 2), dtype, r, seed=83)
+    base, extra = divmod(rows, n)
+    lo = r * base + min(r, extra)
+    hi = lo + base + (r < extra)
+    expected = reduce_expected(everyone(x), op, prescale, postscale)[lo:hi]
+    args = dict(op=op, prescale_factor=prescale, postscale_factor=postscale)
+    for tensor in (as_torch(x), strided(as_torch(x))):
+        out = hvd.torch.reducescatter(tensor, name=f"rs.{dtype}", **args)
+        assert_reduced(as_numpy(out), expected, op)
+        np.testing.assert_array_equal(as_numpy(tensor), x)  # the input is untouched
+        out = hvd.torch.synchronize(hvd.torch.reducescatter_async(tensor, **args))
+        assert_reduced(as_numpy(out), expected, op)
+    assert moved_as_they_are and None not in moved_as_they_are
+    assert moved_by_gloo(current().comm)
+
+
+def test_torch_movement_meets_core_arrays_of_other_ranks(monkeypatch):
+    # Every other rank hands numpy arrays to the core: its general plans move them on the same
+    # Gloo group, with the same calls, and the ranks meet (uneven parts pad alike).
+    n, r = hvd.size(), hvd.rank()
+    from horovodlite.torch import mpi_ops
+
+    made = calls_of(monkeypatch, mpi_ops, "tensor_reducescatter_plan")
+    own = r % 2 == 0
+
+    def run(torch_call, core_call, array, *args, **kwargs):
+        if own:
+            return as_numpy(torch_call(as_torch(array), *args, **kwargs))
+        return core_call(array, *args, **kwargs)
+
+    x = rank_values((2 * n + 1, 3), np.float32, r, seed=84)
+    for root in range(n):
+        np.testing.assert_array_equal(
+            run(hvd.torch.broadcast, hvd.broadcast, x, root), WORLD.bcast(x, root)
+        )
+    for part in (x[: r + 1], x[:2]):
+        np.testing.assert_array_equal(
+            run(hvd.torch.allgather, hvd.allgather, part), np.concatenate(everyone(part))
+        )
+    base, extra = divmod(2 * n + 1, n)
+    lo = r * base + min(r, extra)
+    for op in (hvd.Sum, hvd.Average, hvd.Max):
+        out = run(hvd.torch.reducescatter, hvd.reducescatter, x, op=op)
+        assert_reduced(out, reduce_expected(everyone(x), op)[lo : lo + out.shape[0]], op)
+    even = x[: 2 * n]
+    out = run(hvd.torch.reducescatter, hvd.reducescatter, even, op=hvd.Sum)
+    assert_reduced(out, reduce_expected(everyone(even), hvd.Sum)[2 * r : 2 * r + 2], hvd.Sum)
+    assert len(made) == (4 if own else 0)
+
+
+def test_torch_integer_average_reducescatter_goes_as_views(monkeypatch):
+    # An integer Average truncates through float64 (staging.scale): torch's multiply would not,
+    # so the tensor goes as a view, on every rank alike (the dtype and the rank count are
+    # agreed).
+    from horovodlite.torch import mpi_ops
+
+    viewed = calls_of(monkeypatch, mpi_ops, "TensorView")
+    n, r = hvd.size(), hvd.rank()
+    x = rank_values((n, 2), np.int64, r, seed=85)
+    out = hvd.torch.reducescatter(as_torch(x), op=hvd.Average)
+    expected = reduce_expected(everyone(x), hvd.Average)[r : r + 1]
+    np.testing.assert_array_equal(out.numpy(), expected)
+    assert bool(viewed) == (n > 1)  # (on one rank Average divides by 1: no scaling)
+
+
+def test_torch_movement_mistakes_fail_on_every_rank(moved_as_they_are):
+    if hvd.size() < 2:
+        pytest.skip("a mismatch needs two ranks")
+    n, r = hvd.size(), hvd.rank()
+    x = torch.ones(2, 4 if r == 1 else 3)
+    with pytest.raises(hvd.HorovodLiteError, match="allgather 'gather.mismatch'") as error:
+        hvd.torch.allgather(x, name="gather.mismatch")
+    assert "rank 1 sent" in str(error.value)
+    # A root that is no rank, on one rank only: that rank's view reports it, the others' tensors
+    # meet it in the check (it goes as a view there, made of the patched TensorView: allowed).
+    from horovodlite.torch import mpi_ops
+
+    monkeypatch = pytest.MonkeyPatch()
+    try:
+        monkeypatch.setattr(mpi_ops, "TensorView", hvd.torch.tensors.TensorView)
+        root = n + 5 if r == 1 else 0
+        expected = ValueError if r == 1 else hvd.HorovodLiteError
+        with pytest.raises(expected, match="root_rank|rank 1"):
+            hvd.torch.broadcast(torch.ones(3), root, name="bcast.bad_root")
+    finally:
+        monkeypatch.undo()
+    out = hvd.torch.reducescatter(torch.ones(n, 2), op=hvd.Sum)  # still in step
+    assert out.tolist() == [[float(n)] * 2]
+
+
+def test_torch_allgather_into_travels_as_it_is(monkeypatch):
+    # ZeroOptimizer gathers its updated shards so: each rank's rows already in place.
+    from horovodlite.torch.tensors import TORCH_TENSORS
+
+    from horovodlite.plan import run_now
+    from horovodlite.tensor_plans import tensor_allgather_into_plan
+
+    n, r = hvd.size(), hvd.rank()
+    counts = [k % 2 + 1 for k in range(n)]
+    start = sum(counts[:r])
+    for layout in (lambda t: t, strided):
+        out = layout(torch.zeros(sum(counts), 3))
+        out[start : start + counts[r]] = r + 1
+        plan = tensor_allgather_into_plan(out, TORCH_TENSORS, counts[r], "into", None)
+        assert plan is not None and run_now(plan) is out
+        np.testing.assert_array_equal(out[:, 0].numpy(), np.repeat(np.arange(1, n + 1), counts))
+    # Beside numpy arrays on every other rank: the same calls on the same group.
+    out = np.zeros((sum(counts), 2), np.float32)
+    out[start : start + counts[r]] = r + 1
+    if r % 2:
+        hvd.allgather_into(out, counts[r], name="into.mixed")
+    else:
+        tensor = torch.from_numpy(out)
+        run_now(tensor_allgather_into_plan(tensor, TORCH_TENSORS, counts[r], "into.mixed", None))
+    np.testing.assert_array_equal(out[:, 0], np.repeat(np.arange(1, n + 1), counts))
