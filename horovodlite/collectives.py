@@ -394,7 +394,8 @@ def check_gather_into(array, rows) -> None:
         raise ValueError(f"rows must be an int in 0..{array.shape[0]}, got {rows!r}")
 
 
-def _parse_splits(splits, rows: int, size: int) -> np.ndarray:
+def parse_splits(splits, rows: int, size: int) -> np.ndarray:
+    """Return alltoall()'s rows to send to each rank, or raise ValueError for bad `splits`."""
     if splits is None:
         if rows % size:
             raise ValueError(
@@ -430,14 +431,13 @@ def alltoall_plan(tensor, splits=None, *, name=None, process_set=global_process_
 
     def parse():
         check_rows(array, "alltoall")
-        return _parse_splits(splits, array.shape[0], comm.size)
+        return parse_splits(splits, array.shape[0], comm.size)
 
     send_splits, error = checked(parse, bad_input)
     fields = array_fields("alltoall", name, array, trailing=True, splits_given=splits is not None)
 
     def execute(comm, _):
-        received_splits = np.empty(comm.size, dtype=np.int64)
-        comm.Alltoall(send_splits, received_splits)
+        received_splits = received_splits_of(comm, send_splits)
         transport = select(current().settings, xp)
         buf, module = flat_work(array, xp, False, transport)
         row = math.prod(array.shape[1:])
@@ -453,6 +453,13 @@ def alltoall_plan(tensor, splits=None, *, name=None, process_set=global_process_
 
 
 alltoall = synchronous(alltoall_plan, "alltoall")
+
+
+def received_splits_of(comm, send_splits: np.ndarray) -> np.ndarray:
+    """Return the rows each rank sends this one, told over MPI (collective on `comm`)."""
+    received = np.empty(comm.size, dtype=np.int64)
+    comm.Alltoall(send_splits, received)
+    return received
 
 
 # ---------------------------------------------------------------------------------------------

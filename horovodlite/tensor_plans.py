@@ -8,11 +8,11 @@ NCCL groups), the core hands the tensors to it as they are.
   the general way's own: its fields, checks and fusion key are derived once from the plan of the
   tensor's view (collectives.allreduce_plan) and kept as a template, so ranks on either way
   agree, fuse and reduce alike.
-- **Broadcast, all-gather (also into a tensor in place) and reduce-scatter.** The same fields
-  as the general way's plans (collectives.py), and the same calls of the same transport
-  (transport.GroupTransport, which views and makes the framework's tensors through the
-  transport's own hooks), so ranks on either way meet; the tensor itself is moved, and results
-  are the framework's tensors.
+- **Broadcast, all-gather (also into a tensor in place), all-to-all and reduce-scatter.** The
+  same fields as the general way's plans (collectives.py), and the same calls of the same
+  transport (transport.GroupTransport, which views and makes the framework's tensors through
+  the transport's own hooks), so ranks on either way meet; the tensor itself is moved, and
+  results are the framework's tensors.
 """
 
 import math
@@ -27,6 +27,8 @@ from .checks import check_gathered_rows, root_index, set_id
 from .collectives import (
     allreduce_plan,
     check_gather_into,
+    parse_splits,
+    received_splits_of,
     reducescatter_arguments,
     template_key,
 )
@@ -44,6 +46,7 @@ __all__ = [
     "tensor_broadcast_plan",
     "tensor_allgather_plan",
     "tensor_allgather_into_plan",
+    "tensor_alltoall_plan",
     "tensor_reducescatter_plan",
 ]
 
@@ -148,7 +151,7 @@ def _tensor_template(tensor, kind, op, name, prescale, postscale, process_set, a
 
 
 # ---------------------------------------------------------------------------------------------
-# Broadcast, all-gather and reduce-scatter of a framework's tensor as it is.
+# Broadcast, all-gather, all-to-all and reduce-scatter of a framework's tensor as it is.
 #
 # Whether a tensor goes as it is depends only on what every rank agrees on or shares (its
 # dtype, whether it lies on a GPU, the op and factors, the settings and the libraries here), not
@@ -234,6 +237,34 @@ def tensor_allgather_into_plan(out, kind, rows, name, process_set) -> Optional[P
         return out
 
     return Plan(fields, set_id(process_set), comm, ranks, payload=rows, execute=execute)
+
+
+def tensor_alltoall_plan(tensor, kind, splits, name, process_set) -> Optional[Plan]:
+    """Return alltoall_plan() of a framework's `tensor` as it is (see tensor_broadcast_plan);
+    `splits` as alltoall()'s (a numpy array, a list, or None). The result is the framework's
+    tensor, with the received splits (a numpy int32 array) where `splits` is given."""
+    moved = _moved(tensor, kind)
+    if moved is None or not moved[1]:
+        return None
+    dtype, shape, transport = moved
+    comm, ranks = communicator(process_set)
+    try:
+        send_splits = parse_splits(splits, shape[0], comm.size)
+    except ValueError:
+        return None
+    fields = array_fields("alltoall", name, Described(dtype, shape), trailing=True,
+                          splits_given=splits is not None)  # fmt: skip
+
+    def execute(comm, _):
+        received = received_splits_of(comm, send_splits)
+        row, rows = math.prod(shape[1:]), int(received.sum())
+        out = kind.new(tensor, rows * row)
+        transport.alltoallv(comm, _flat(kind, tensor, shape), (send_splits * row).tolist(), out,
+                            (received * row).tolist())  # fmt: skip
+        out = out.reshape((rows, *shape[1:]))
+        return out if splits is None else (out, received.astype(np.int32))
+
+    return Plan(fields, set_id(process_set), comm, ranks, execute=execute)
 
 
 def tensor_reducescatter_plan(tensor, kind, name, options: dict) -> Optional[Plan]:

@@ -26,6 +26,7 @@ from horovodlite.small_allreduce import tensor_allreduce
 from horovodlite.tensor_plans import (
     tensor_allgather_plan,
     tensor_allreduce_now,
+    tensor_alltoall_plan,
     tensor_broadcast_plan,
     tensor_reducescatter_plan,
 )
@@ -567,6 +568,16 @@ def _splits_array(splits):
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
     """Start an alltoall; synchronize() returns the output, or (output, received_splits)."""
+    data = _data(tensor)
+    plan = tensor_alltoall_plan(data, TORCH_TENSORS, _splits_array(splits), name, process_set)
+    if plan is not None:
+
+        def received(result):
+            if splits is None:
+                return ordered_for_caller(result)
+            return ordered_for_caller(result[0]), torch.from_numpy(result[1])
+
+        return _submitted(plan, data, received)
     view = TensorView(tensor)
     handle = core.alltoall_async(
         view.array, _splits_array(splits), name=name, process_set=process_set
@@ -583,16 +594,21 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        view = TensorView(tensor)
         size = (process_set or global_process_set).size()
         send = _splits_array(splits)
         if send is None and tensor.dim() > 0 and tensor.shape[0] % size == 0:
             send = np.full(size, tensor.shape[0] // size, dtype=np.int64)
         # Explicit splits give back the received splits, which the backward pass needs; an
         # indivisible tensor still goes in without them, so the core reports it on every rank.
-        out, received = core.alltoall(view.array, send, name=name, process_set=process_set)
+        plan = tensor_alltoall_plan(_data(tensor), TORCH_TENSORS, send, name, process_set)
+        if plan is not None:
+            out, received = run_now(plan)
+        else:
+            view = TensorView(tensor)
+            out, received = core.alltoall(view.array, send, name=name, process_set=process_set)
+            out = view.to_tensor(out)
         ctx.received, ctx.process_set = received, process_set
-        return view.to_tensor(out), torch.from_numpy(received)
+        return out, torch.from_numpy(received)
 
     @staticmethod
     def backward(ctx, grad, _):

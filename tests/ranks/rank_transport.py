@@ -912,7 +912,8 @@ def moved_as_they_are(monkeypatch) -> list:
 
     monkeypatch.setattr(mpi_ops, "TensorView", refuse)
     plans = []
-    for name in ("tensor_broadcast_plan", "tensor_allgather_plan", "tensor_reducescatter_plan"):
+    for name in ("tensor_broadcast_plan", "tensor_allgather_plan", "tensor_alltoall_plan",
+                 "tensor_reducescatter_plan"):  # fmt: skip
         original = getattr(mpi_ops, name)
 
         def spy(*args, _original=original, **kwargs):
@@ -964,6 +965,33 @@ def test_torch_allgather_travels_as_it_is(moved_as_they_are, dtype):
             np.testing.assert_array_equal(as_numpy(out), expected)
             out = hvd.torch.synchronize(hvd.torch.allgather_async(tensor))
             np.testing.assert_array_equal(as_numpy(out), expected)
+    assert moved_as_they_are and None not in moved_as_they_are
+
+
+@pytest.mark.parametrize("dtype", MOVED_DTYPES)
+def test_torch_alltoall_travels_as_it_is(moved_as_they_are, dtype):
+    n, r = hvd.size(), hvd.rank()
+    x = rank_values((2 * n, 3), dtype, r, seed=86)
+    even = np.concatenate(WORLD.alltoall([x[2 * k : 2 * k + 2] for k in range(n)]))
+    splits = [(r + k) % 3 for k in range(n)]  # (some ranks send some others nothing)
+    y = rank_values((sum(splits), 3), dtype, r, seed=87)
+    bounds = np.concatenate(([0], np.cumsum(splits)))
+    uneven = np.concatenate(WORLD.alltoall([y[bounds[k] : bounds[k + 1]] for k in range(n)]))
+    for layout in (lambda t: t, strided):
+        out = hvd.torch.alltoall(layout(as_torch(x)), name=f"a2a.{dtype}")
+        np.testing.assert_array_equal(as_numpy(out), even)
+        out = hvd.torch.synchronize(hvd.torch.alltoall_async(layout(as_torch(x))))
+        np.testing.assert_array_equal(as_numpy(out), even)
+        for given in (splits, torch.tensor(splits)):
+            out, received = hvd.torch.alltoall(layout(as_torch(y)), splits=given)
+            np.testing.assert_array_equal(as_numpy(out), uneven)
+            assert received.tolist() == [(k + r) % 3 for k in range(n)]
+        handle = hvd.torch.alltoall_async(layout(as_torch(y)), splits=splits)
+        out, received = hvd.torch.synchronize(handle)
+        np.testing.assert_array_equal(as_numpy(out), uneven)
+        assert type(received) is torch.Tensor and received.tolist() == [
+            (k + r) % 3 for k in range(n)
+        ]
     assert moved_as_they_are and None not in moved_as_they_are
 
 
@@ -1023,6 +1051,15 @@ def test_torch_movement_meets_core_arrays_of_other_ranks(monkeypatch):
     for op in (hvd.Sum, hvd.Average, hvd.Max):
         out = run(hvd.torch.reducescatter, hvd.reducescatter, x, op=op)
         assert_reduced(out, reduce_expected(everyone(x), op)[lo : lo + out.shape[0]], op)
+    splits = [(r + k) % 3 for k in range(n)]
+    y = x[: sum(splits)]
+    bounds = np.concatenate(([0], np.cumsum(splits)))
+    if own:
+        out = as_numpy(hvd.torch.alltoall(as_torch(y), splits=splits)[0])
+    else:
+        out, _ = hvd.alltoall(y, splits=splits)
+    expected = np.concatenate(WORLD.alltoall([y[bounds[k] : bounds[k + 1]] for k in range(n)]))
+    np.testing.assert_array_equal(out, expected)
     even = x[: 2 * n]
     out = run(hvd.torch.reducescatter, hvd.reducescatter, even, op=hvd.Sum)
     assert_reduced(out, reduce_expected(everyone(even), hvd.Sum)[2 * r : 2 * r + 2], hvd.Sum)
