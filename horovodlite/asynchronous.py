@@ -32,7 +32,7 @@ from .joining import join_collectives
 from .ops import ReduceOp
 from .process_sets import global_process_set
 from .tensor_kind import TensorKind
-from .tensor_plans import tensor_allreduce_plan
+from .tensor_plans import tensor_allgather_plan, tensor_allreduce_plan, tensor_reducescatter_plan
 
 __all__ = [
     "allreduce_async",
@@ -143,21 +143,52 @@ def tensor_allreduce_async(tensor, kind: TensorKind, name, inplace: bool, option
 
 
 def tensor_plan_async(plan) -> Handle:
-    """Start a framework tensor's collective as it is (tensor_plans.py: a broadcast, all-gather
-    or reduce-scatter plan) in the background; return a Handle.
+    """Start a framework tensor's collective as it is (tensor_plans.py: a broadcast, all-gather,
+    all-to-all or reduce-scatter plan) in the background; return a Handle.
 
     A binding's way: synchronize() returns the framework's tensor (new, or the input itself
     where the collective writes in place)."""
     return _engine().submit_one(plan)
 
 
+def grouped_tensor_allgather_async(tensors, kind: TensorKind, name, process_set) -> Handle:
+    """Start grouped_allgather_async() of a framework's `tensors` as they are; return a Handle,
+    or None where any of them must go as a view (then they all do)."""
+    return _tensor_group(
+        lambda tensor, member: tensor_allgather_plan(tensor, kind, member, process_set),
+        tensors,
+        name,
+    )
+
+
+def grouped_tensor_reducescatter_async(tensors, kind: TensorKind, name, options: dict) -> Handle:
+    """Start grouped_reducescatter_async() of a framework's `tensors` as they are (`options`:
+    reducescatter()'s other keyword arguments); return a Handle, or None where any of them must
+    go as a view (then they all do)."""
+    return _tensor_group(
+        lambda tensor, member: tensor_reducescatter_plan(tensor, kind, member, options),
+        tensors,
+        name,
+    )
+
+
 def grouped_tensor_allreduce_async(tensors, kind: TensorKind, name, inplace: bool, options: dict):
     """Start grouped_allreduce_async() of a framework's `tensors` as they are; return a Handle,
     or None where any of them must go as a numpy or CuPy view (then they all do): as
     tensor_allreduce_async(), for a group."""
+    return _tensor_group(
+        lambda tensor, member: tensor_allreduce_plan(tensor, kind, member, inplace, options),
+        tensors,
+        name,
+    )
+
+
+def _tensor_group(plan_of, tensors, name):
+    """Submit `plan_of(tensor, member name)` of each of `tensors` as one grouped request; return
+    its Handle, or None where any plan is None (all then go as views)."""
     plans = []
     for tensor, member in zip(tensors, _member_names(name, len(tensors))):
-        plan = tensor_allreduce_plan(tensor, kind, member, inplace, options)
+        plan = plan_of(tensor, member)
         if plan is None:
             return None
         plans.append(plan)

@@ -15,10 +15,10 @@ from .fusion import fused_by_kind
 from .plan import Plan, run_now, waiter
 from .process_sets import global_process_set
 from .state import current
-from .tensor_plans import tensor_allreduce_plan
+from .tensor_plans import tensor_allgather_plan, tensor_allreduce_plan, tensor_reducescatter_plan
 
 __all__ = ["grouped_allreduce", "grouped_allgather", "grouped_reducescatter"]
-# (grouped_tensor_allreduce is the bindings' own: horovodlite's top level shows these)
+# (the grouped_tensor_* forms are the bindings' own: horovodlite's top level shows these)
 
 
 def grouped_allreduce(tensors, *, name=None, **options) -> list:
@@ -44,17 +44,28 @@ def grouped_tensor_allreduce(tensors, kind, name, inplace: bool, options: dict):
     For the bindings; the same agreement and fused batches as grouped_allreduce's, so the ranks
     meet whichever way each takes.
     """
-    plans = []
-    for tensor, member in _members(tensors, name, "allreduce"):
-        plan = tensor_allreduce_plan(tensor, kind, member, inplace, options)
-        if plan is None:
-            return None
-        plans.append(plan)
+    plans = _tensor_plans(
+        lambda tensor, member: tensor_allreduce_plan(tensor, kind, member, inplace, options),
+        tensors, name, "allreduce",
+    )  # fmt: skip
+    if plans is None:
+        return None
 
     def execute(comm, _):
         return fused_by_kind(comm, [plan.fusion for plan in plans])
 
     return _run_group("grouped_allreduce", name, plans, execute)
+
+
+def _tensor_plans(plan_of, tensors, name, kind: str):
+    """Return `plan_of(tensor, member name)` of each of `tensors`, or None where any is None."""
+    plans = []
+    for tensor, member in _members(tensors, name, kind):
+        plan = plan_of(tensor, member)
+        if plan is None:
+            return None
+        plans.append(plan)
+    return plans
 
 
 def _members(tensors, name, kind: str) -> list:
@@ -94,6 +105,22 @@ def grouped_allgather(tensors, *, name=None, process_set=global_process_set) -> 
         allgather_plan(t, name=n, process_set=process_set)
         for t, n in _members(tensors, name, "allgather")
     ]
+    return _gathered(name, plans)
+
+
+def grouped_tensor_allgather(tensors, kind, name, process_set) -> list:
+    """grouped_allgather() of a framework's `tensors` as they are (tensor_plans.py); None where
+    any of them must go as a numpy or CuPy view (then they all do): the bindings' way, as
+    grouped_tensor_allreduce()."""
+    plans = _tensor_plans(
+        lambda tensor, member: tensor_allgather_plan(tensor, kind, member, process_set),
+        tensors, name, "allgather",
+    )  # fmt: skip
+    return None if plans is None else _gathered(name, plans)
+
+
+def _gathered(name, plans: list) -> list:
+    """Run the grouped all-gather of the member `plans`: one agreement, one exchange of rows."""
 
     def execute(comm, fields):
         # Every rank's rows of every member, in one exchange after the agreement.
@@ -114,7 +141,20 @@ def grouped_reducescatter(tensors, *, name=None, **options) -> list:
         reducescatter_plan(t, name=n, **options)
         for t, n in _members(tensors, name, "reducescatter")
     ]
+    return _scattered(name, plans)
 
+
+def grouped_tensor_reducescatter(tensors, kind, name, options: dict) -> list:
+    """grouped_reducescatter() of a framework's `tensors` as they are (tensor_plans.py; `options`
+    reducescatter()'s other keyword arguments); None where any of them must go as a view."""
+    plans = _tensor_plans(
+        lambda tensor, member: tensor_reducescatter_plan(tensor, kind, member, options),
+        tensors, name, "reducescatter",
+    )  # fmt: skip
+    return None if plans is None else _scattered(name, plans)
+
+
+def _scattered(name, plans: list) -> list:
     def execute(comm, _):
         return [plan.execute(comm, None) for plan in plans]
 

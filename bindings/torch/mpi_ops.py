@@ -15,11 +15,17 @@ import numpy as np
 import horovodlite as core
 import torch
 from horovodlite.asynchronous import (
+    grouped_tensor_allgather_async,
     grouped_tensor_allreduce_async,
+    grouped_tensor_reducescatter_async,
     tensor_allreduce_async,
     tensor_plan_async,
 )
-from horovodlite.grouped import grouped_tensor_allreduce
+from horovodlite.grouped import (
+    grouped_tensor_allgather,
+    grouped_tensor_allreduce,
+    grouped_tensor_reducescatter,
+)
 from horovodlite.plan import run_now
 from horovodlite.process_sets import global_process_set
 from horovodlite.small_allreduce import tensor_allreduce
@@ -423,14 +429,25 @@ def _data(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach() if tensor.requires_grad else tensor
 
 
+def _for_the_engine(tensors: list) -> None:
+    """Before tensors go to the engine as they are: make each GPU's default stream, where the
+    engine's work runs, wait for what the caller's stream has queued, where the two differ (a
+    tensor made on a side stream; a wait on the GPU, not on the host)."""
+    for tensor in tensors:
+        if tensor.is_cuda and not on_default_stream(tensor):
+            device = tensor.device
+            torch.cuda.default_stream(device).wait_stream(torch.cuda.current_stream(device))
+
+
 def _submitted(plan, data: torch.Tensor, finish=ordered_for_caller) -> Handle:
-    """Hand a tensor's plan to the engine; return its Handle. A CUDA tensor made on a side
-    stream is waited for by the default stream, where the engine's work runs, first (a wait
-    on the GPU, not on the host); `finish` orders the result for the caller's stream."""
-    if data.is_cuda and not on_default_stream(data):
-        device = data.device
-        torch.cuda.default_stream(device).wait_stream(torch.cuda.current_stream(device))
+    """Hand a tensor's plan to the engine; return its Handle (`finish` orders the result for
+    the caller's stream)."""
+    _for_the_engine([data])
     return Handle(tensor_plan_async(plan), finish)
+
+
+def _ordered_each(results: list) -> list:
+    return [ordered_for_caller(result) for result in results]
 
 
 def _written(tensor: torch.Tensor) -> torch.Tensor:
@@ -476,6 +493,11 @@ def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
     """Start an allgather of every tensor in `tensors`; return a Handle of the list."""
+    data = [_data(t) for t in tensors]
+    _for_the_engine(data)
+    handle = grouped_tensor_allgather_async(data, TORCH_TENSORS, name, process_set)
+    if handle is not None:
+        return Handle(handle, _ordered_each)
     views = [TensorView(t) for t in tensors]
     handle = core.grouped_allgather_async(
         [v.array for v in views], name=name, process_set=process_set
@@ -487,6 +509,10 @@ class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, process_set, *tensors):
         ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
+        data = [_data(t) for t in tensors]
+        results = grouped_tensor_allgather(data, TORCH_TENSORS, name, process_set)
+        if results is not None:
+            return tuple(results)
         return tuple(_grouped_now(core.grouped_allgather, tensors, name=name,
                                   process_set=process_set))  # fmt: skip
 
@@ -628,11 +654,16 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 def _reducescatter_async(tensors: list, *, name, args: dict, grouped: bool) -> Handle:
     """Start one reduce-scatter of `tensors` (a single one, or a group); return a Handle."""
+    data = [_data(t) for t in tensors]
     if not grouped:
-        data = _data(tensors[0])
-        plan = tensor_reducescatter_plan(data, TORCH_TENSORS, name, args)
+        plan = tensor_reducescatter_plan(data[0], TORCH_TENSORS, name, args)
         if plan is not None:
-            return _submitted(plan, data)
+            return _submitted(plan, data[0])
+    else:
+        _for_the_engine(data)
+        handle = grouped_tensor_reducescatter_async(data, TORCH_TENSORS, name, args)
+        if handle is not None:
+            return Handle(handle, _ordered_each)
     views = [TensorView(t) for t in tensors]
     if not grouped:
         handle = core.reducescatter_async(views[0].array, name=name, **args)
@@ -678,6 +709,10 @@ class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, args, *tensors):
         _save_inputs(ctx, args, tensors)
+        results = grouped_tensor_reducescatter([_data(t) for t in tensors], TORCH_TENSORS, name,
+                                               args)  # fmt: skip
+        if results is not None:
+            return tuple(results)
         return tuple(_grouped_now(core.grouped_reducescatter, tensors, name=name, **args))
 
     @staticmethod

@@ -1023,6 +1023,35 @@ def test_torch_reducescatter_travels_as_it_is(moved_as_they_are, dtype, op, pres
     assert moved_by_gloo(current().comm)
 
 
+@pytest.mark.parametrize("blocking", [False, True], ids=["async", "blocking"])
+def test_torch_grouped_movement_travels_as_it_is(moved_as_they_are, blocking):
+    # (the fixture refuses any view: the group went as it is, or the test fails)
+    n, r = hvd.size(), hvd.rank()
+    parts = [rank_values((r + 1, 2), np.float32, r, seed=88),
+             rank_values((2, 3), np.int64, r, seed=89),
+             rank_values((0 if r else 1, 4), "bfloat16", r, seed=90)]  # fmt: skip
+    tensors = [as_torch(parts[0]), strided(as_torch(parts[1])), as_torch(parts[2])]
+    if blocking:
+        out = hvd.torch.grouped_allgather(tensors, name="ggather")
+    else:
+        out = hvd.torch.synchronize(hvd.torch.grouped_allgather_async(tensors))
+    for got, part in zip(out, parts):
+        np.testing.assert_array_equal(as_numpy(got), np.concatenate(everyone(part)))
+    rows = [2 * n + 1, n]
+    xs = [rank_values((k, 2), dtype, r, seed=91) for k, dtype in zip(rows, ("float32", "float64"))]
+    args = dict(op=hvd.Average, prescale_factor=2.0)
+    tensors = [as_torch(xs[0]), strided(as_torch(xs[1]))]
+    if blocking:
+        out = hvd.torch.grouped_reducescatter(tensors, name="gscatter", **args)
+    else:
+        out = hvd.torch.synchronize(hvd.torch.grouped_reducescatter_async(tensors, **args))
+    for got, x, count in zip(out, xs, rows):
+        base, extra = divmod(count, n)
+        lo = r * base + min(r, extra)
+        expected = reduce_expected(everyone(x), hvd.Average, 2.0)[lo : lo + base + (r < extra)]
+        assert_reduced(as_numpy(got), expected, hvd.Average)
+
+
 def test_torch_movement_meets_core_arrays_of_other_ranks(monkeypatch):
     # Every other rank hands numpy arrays to the core: its general plans move them on the same
     # Gloo group, with the same calls, and the ranks meet (uneven parts pad alike).
