@@ -197,6 +197,8 @@ class TorchTransport(GroupTransport):
 
     def as_bytes(self, buf):
         if isinstance(buf, torch.Tensor):
+            if buf.shape[0] <= 1:  # (its stride may be anything; torch views bytes at stride 1)
+                buf = buf.as_strided(buf.shape, (1,))
             return buf.view(torch.uint8)
         return super().as_bytes(buf)
 

@@ -37,11 +37,18 @@ import numpy as np
 from ..asynchronous import alltoall_async, grouped_allgather_async, grouped_allreduce_async
 from ..buffers import array_module
 from ..collectives import alltoall
-from ..grouped import grouped_allgather, grouped_allreduce, grouped_tensor_allreduce
+from ..grouped import (
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_tensor_allgather,
+    grouped_tensor_allreduce,
+)
 from ..ops import ReduceOp, result_factor
+from ..plan import run_now
 from ..process_sets import ProcessSet, global_process_set
 from ..state import rank
 from ..tensor_kind import TensorKind
+from ..tensor_plans import tensor_alltoall_plan
 from .finishing import Finish, started
 
 __all__ = [
@@ -110,34 +117,77 @@ def reducescatter_gradients(grads: list, inputs: Optional[list] = None, **reduct
     return _reduction_gradient(_gathered, grads, inputs, **reduction)
 
 
-def tensor_gradients(rule, kind: TensorKind, grads: list, inputs=None, **reduction):
-    """Return the gradient `rule` (one of this module's) run at once on a binding's contiguous
-    tensors `grads` as they are, or None where they must go as numpy or CuPy views (then the
-    binding runs `rule` on those, blocking).
+def tensor_gradients(rule, kind: TensorKind, grads: list, *args, **options):
+    """Return the gradient `rule` (one of this module's, with its arguments) run at once on a
+    binding's contiguous tensors `grads` as they are, or None where they must go as numpy or CuPy
+    views (then the binding runs `rule` on those, blocking).
 
-    An all-reduce's gradient with Sum or Average is the sum G of the upstream gradients times a
-    factor: G travels as the tensors do where their transport moves them (torch's gloo and NCCL:
-    grouped_tensor_allreduce, the same agreement as the views' grouped all-reduce, so ranks on
-    either way meet), and is scaled by the kind where a factor is left (float32 and float64
-    only: a half type's product would round otherwise than its view's `array * factor`). Every
-    other gradient needs arrays (`inputs` for Min, Max and Product).
+    The same collectives as the rule's, in the same order, on the tensors where their transport
+    moves them (torch's gloo and NCCL: tensor_plans.py, the same agreement and calls as the
+    views', so ranks on either way meet):
+    - all-reduce and reduce-scatter with Sum or Average: G, the sum or the concatenation of the
+      upstream gradients, scaled by the kind where a factor is left (float32 and float64 only:
+      a half type's product would round otherwise than its view's `array * factor`);
+    - all-gather: G's rows that came from this rank; broadcast: G on the root, zeros elsewhere;
+    - all-to-all: the upstream gradient sent back.
+    Min, Max and Product need array operations on the forward's inputs: views.
     """
-    op = reduction.get("op")
-    if rule is not allreduce_gradients or op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+    way = _TENSOR_WAYS.get(rule)
+    return None if way is None else way(kind, grads, *args, **options)
+
+
+def _reduced_tensors(start, kind, grads, inputs=None, *, op, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set, name=None):  # fmt: skip
+    """An all-reduce's (`start`: _tensors_summed) or a reduce-scatter's (_tensors_gathered)
+    gradient as tensors, for Sum and Average; None otherwise."""
+    if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
         return None
-    process_set = _set(reduction.get("process_set"))
-    factor = _sum_factor(op, reduction.get("prescale_factor", 1.0),
-                         reduction.get("postscale_factor", 1.0), process_set)  # fmt: skip
+    process_set = _set(process_set)
+    factor = _sum_factor(op, prescale_factor, postscale_factor, process_set)
     if factor != 1.0 and not all(_scaled_as_arrays(kind, g) for g in grads):
         return None
-    options = {"op": ReduceOp.SUM, "process_set": process_set}
-    summed = grouped_tensor_allreduce(
-        grads, kind, _member(reduction.get("name"), "sum"), False, options
-    )
-    if summed is not None and factor != 1.0:
-        for g in summed:
+    upstream = start(kind, grads, process_set, name)
+    if upstream is not None and factor != 1.0:
+        for g in upstream:
             kind.scale(g, factor)
+    return upstream
+
+
+def _tensors_summed(kind, grads, process_set, name):
+    """_summed() of tensors as they are, at once; None where they go as views."""
+    options = {"op": ReduceOp.SUM, "process_set": process_set}
+    return grouped_tensor_allreduce(grads, kind, _member(name, "sum"), False, options)
+
+
+def _tensors_gathered(kind, grads, process_set, name):
+    """_gathered() of tensors as they are, at once; None where they go as views."""
+    return grouped_tensor_allgather(grads, kind, _member(name, "rows"), process_set)
+
+
+def _allgather_tensors(kind, grads, rows, *, process_set=global_process_set, name=None):
+    process_set = _set(process_set)
+    summed = _tensors_summed(kind, grads, process_set, name)
+    if summed is None:
+        return None
+    everyone = _row_counts(rows, process_set, name, True)()
+    me = process_set.rank()
+    starts = everyone[:me].sum(axis=0)
+    return [g[start : start + n] for g, start, n in zip(summed, starts, everyone[me])]
+
+
+def _broadcast_tensors(kind, grads, root_rank, *, process_set=global_process_set, name=None):
+    summed = _tensors_summed(kind, grads, _set(process_set), name)
+    if summed is not None and rank() != root_rank:
+        for g in summed:  # (new tensors: the sum's own results)
+            g[...] = 0
     return summed
+
+
+def _alltoall_tensors(kind, grads, received_splits, *, process_set=global_process_set,
+                      name=None):  # fmt: skip
+    (grad,) = grads
+    plan = tensor_alltoall_plan(grad, kind, received_splits, name, process_set)
+    return None if plan is None else [run_now(plan)[0]]
 
 
 def _scaled_as_arrays(kind: TensorKind, tensor) -> bool:
@@ -266,21 +316,25 @@ def allgather_gradients(
     """
     process_set = _set(process_set)
     summed = _summed(grads, process_set, name, blocking)
-    counts = _grouped_allgather(
-        blocking,
-        # On the host, whatever holds the gradients: one row of counts per rank.
-        [np.asarray(rows, dtype=np.int64).reshape(1, -1)],
-        process_set=process_set,
-        name=_member(name, "counts"),
-    )
+    counts = _row_counts(rows, process_set, name, blocking)
 
     def finish() -> list:
-        summed_grads, (everyone,) = summed(), counts()
+        summed_grads, everyone = summed(), counts()
         me = process_set.rank()
         starts = everyone[:me].sum(axis=0)
         return [g[start : start + n] for g, start, n in zip(summed_grads, starts, everyone[me])]
 
     return finish
+
+
+def _row_counts(rows: list, process_set, name, blocking: bool) -> Finish:
+    """Start the gather of every rank's `rows` (on the host, whatever holds the gradients);
+    its finish returns them, one row per rank."""
+    counts = _grouped_allgather(
+        blocking, [np.asarray(rows, dtype=np.int64).reshape(1, -1)], process_set=process_set,
+        name=_member(name, "counts"),
+    )  # fmt: skip
+    return lambda: counts()[0]
 
 
 def broadcast_gradients(
@@ -314,3 +368,17 @@ def alltoall_gradients(
     back = started(blocking, alltoall, alltoall_async, grad, received_splits,
                     process_set=process_set, name=name)  # fmt: skip
     return lambda: [back()[0]]
+
+
+# The gradients that run on a binding's tensors as they are (tensor_gradients).
+_TENSOR_WAYS = {
+    allreduce_gradients: lambda kind, grads, *args, **options: _reduced_tensors(
+        _tensors_summed, kind, grads, *args, **options
+    ),
+    reducescatter_gradients: lambda kind, grads, *args, **options: _reduced_tensors(
+        _tensors_gathered, kind, grads, *args, **options
+    ),
+    allgather_gradients: _allgather_tensors,
+    broadcast_gradients: _broadcast_tensors,
+    alltoall_gradients: _alltoall_tensors,
+}

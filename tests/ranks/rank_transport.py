@@ -1160,3 +1160,88 @@ def test_torch_allgather_into_travels_as_it_is(monkeypatch):
         tensor = torch.from_numpy(out)
         run_now(tensor_allgather_into_plan(tensor, TORCH_TENSORS, counts[r], "into.mixed", None))
     np.testing.assert_array_equal(out[:, 0], np.repeat(np.arange(1, n + 1), counts))
+
+
+@pytest.mark.parametrize(
+    "collective", ["allgather", "broadcast", "alltoall", "reducescatter", "reducescatter_average",
+                   "grouped_allgather", "grouped_reducescatter"],
+)  # fmt: skip
+def test_torch_movement_gradients_travel_as_they_are(moved_as_they_are, collective):
+    # The forward and the backward pass both move the tensors as they are (the fixture refuses
+    # any view); each rank's gradient is the adjoint's, from every rank's upstream gradient.
+    n, r = hvd.size(), hvd.rank()
+    rows = r + 1 if "allgather" in collective else 2 * n + 1
+    x = torch.ones((rows, 3), dtype=torch.float64, requires_grad=True)
+    ws = [
+        rank_values((k, 3), np.float64, s, seed=92) for s, k in enumerate(_out_rows(collective, n))
+    ]
+    if collective == "allgather":
+        y = hvd.torch.allgather(x)
+    elif collective == "grouped_allgather":
+        (y,) = hvd.torch.grouped_allgather([x])
+    elif collective == "broadcast":
+        y = hvd.torch.broadcast(x, n - 1)
+    elif collective == "alltoall":
+        y, _ = hvd.torch.alltoall(x, splits=_splits(rows, n, r))
+    elif collective == "grouped_reducescatter":
+        (y,) = hvd.torch.grouped_reducescatter([x], op=hvd.Sum)
+    else:
+        op = hvd.Average if collective.endswith("average") else hvd.Sum
+        y = hvd.torch.reducescatter(x, op=op)
+    (y * torch.from_numpy(ws[r])).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), _adjoint(collective, ws, n, r), rtol=1e-12)
+
+
+def _splits(rows: int, n: int, r: int) -> list:
+    """Rank r's all-to-all splits of `rows` rows: uneven, some empty, the rest to the last rank."""
+    splits = [(r + k) % 2 for k in range(n)]
+    splits[-1] += rows - sum(splits)
+    return splits
+
+
+def _out_rows(collective: str, n: int) -> list:
+    """Each rank's rows of the collective's output (the upstream gradient's shape)."""
+    if "allgather" in collective:
+        return [n * (n + 1) // 2] * n
+    if collective == "broadcast":
+        return [2 * n + 1] * n
+    if collective == "alltoall":
+        return [sum(_splits(2 * n + 1, n, s)[k] for s in range(n)) for k in range(n)]
+    base, extra = divmod(2 * n + 1, n)
+    return [base + (k < extra) for k in range(n)]
+
+
+def _adjoint(collective: str, ws: list, n: int, r: int) -> np.ndarray:
+    """Rank r's input gradient of the sum of the ranks' losses (y_s * w_s).sum()."""
+    if "allgather" in collective:  # this rank's rows of every rank's upstream gradient
+        start = r * (r + 1) // 2
+        return sum(w[start : start + r + 1] for w in ws)
+    if collective == "broadcast":
+        return sum(ws) if r == n - 1 else np.zeros_like(ws[0])
+    if collective == "alltoall":  # the rows rank r sent to rank k come back from k's gradient
+        parts = []
+        for k in range(n):
+            before = sum(_splits(2 * n + 1, n, s)[k] for s in range(r))
+            parts.append(ws[k][before : before + _splits(2 * n + 1, n, r)[k]])
+        return np.concatenate(parts)
+    factor = 1 / n if collective.endswith("average") else 1.0
+    return np.concatenate(ws) * factor  # each rank's rows of the reduction
+
+
+def test_torch_movement_of_one_element_and_empty_tensors(moved_as_they_are):
+    # torch calls a tensor of one element contiguous whatever its stride, and an empty one may
+    # have stride 0 (an expanded gradient's): both are still moved, and written, where they lie.
+    n, r = hvd.size(), hvd.rank()
+    grid = torch.zeros(3, 4)
+    grid[1, 2] = r + 1
+    one = grid[1:2, 2]  # shape (1,), stride (4,)
+    assert one.is_contiguous() and one.stride() == (4,)
+    assert hvd.torch.broadcast_(one, n - 1) is one
+    assert grid[1, 2].item() == n and grid.sum().item() == n  # written where it lies
+    np.testing.assert_array_equal(hvd.torch.allgather(one).numpy(), np.full(n, float(n)))
+    empty = torch.zeros(1, 3).expand(0, 3)
+    assert hvd.torch.allgather(empty).shape == (0, 3)
+    out = hvd.torch.allgather(empty if r % 2 else torch.ones(1, 3))
+    assert out.shape == ((n + 1) // 2, 3) and out.sum().item() == 3 * ((n + 1) // 2)
+    assert hvd.torch.broadcast(empty, 0).shape == (0, 3)
+    assert hvd.torch.reducescatter(empty, op=hvd.Sum).shape == (0, 3)
