@@ -588,3 +588,62 @@ def test_torch_cuda_mismatch_fails_on_every_rank(route):
         hvd_torch.allreduce(torch.ones(3 + (r == 0), device="cuda"), name="torch.gpu.shape")
     out = hvd_torch.allreduce(torch.ones(2, device="cuda"), op=hvd.Sum)
     np.testing.assert_array_equal(out.cpu().numpy(), [n, n])
+
+
+@needs_torch_cuda
+@pytest.mark.parametrize("case", ["float32", "bfloat16", "no CuPy"])
+def test_torch_cuda_movement_travels_as_it_is(route, case, monkeypatch):
+    # Broadcast, all-gather, all-to-all and reduce-scatter of CUDA tensors (and their gradients)
+    # travel as they are on torch's NCCL, no view made: bfloat16, and everything without CuPy,
+    # stay on the GPU. Elsewhere they go as views, and move alike. Sync and async, grouped, a
+    # strided input, and async from a side stream (the engine's stream waits for it).
+    from horovodlite.torch import tensors
+
+    if case == "no CuPy":
+        monkeypatch.setattr(tensors, "cupy_holds", lambda dtype: False)
+    dtype = torch.bfloat16 if case == "bfloat16" else torch.float32
+    _watch_the_tensor_way(monkeypatch)
+    n, r = hvd.size(), hvd.rank()
+
+    def host(x):
+        return x.float().cpu().numpy()
+
+    base = (np.arange((2 * n + 1) * 3).reshape(-1, 3) % 7 + r).astype(np.float32)
+    x = _cuda(base).to(dtype)
+    strided = x.t().contiguous().t()
+    for tensor in (x, strided):
+        out = hvd_torch.broadcast(tensor, n - 1)
+        assert out.is_cuda and out.dtype == dtype
+        np.testing.assert_array_equal(host(out), WORLD.bcast(base, n - 1))
+        target = tensor.clone()
+        assert hvd_torch.broadcast_(target, 0) is target
+        np.testing.assert_array_equal(host(target), WORLD.bcast(base, 0))
+        out = hvd_torch.allgather(tensor[: r + 1])
+        np.testing.assert_array_equal(host(out), np.concatenate(everyone(base[: r + 1])))
+        out = hvd_torch.reducescatter(tensor, op=hvd.Sum)
+        base_rows, extra = divmod(2 * n + 1, n)
+        lo = r * base_rows + min(r, extra)
+        expected = reduce_expected(everyone(base), hvd.Sum)[lo : lo + base_rows + (r < extra)]
+        np.testing.assert_array_equal(host(out), expected)
+    splits = [(r + k) % 2 for k in range(n)]
+    splits[-1] += 2 * n + 1 - sum(splits)
+    out, received = hvd_torch.alltoall(x, splits=splits)
+    bounds = np.concatenate(([0], np.cumsum(splits)))
+    expected = np.concatenate(WORLD.alltoall([base[bounds[k] : bounds[k + 1]] for k in range(n)]))
+    np.testing.assert_array_equal(host(out), expected)
+    outs = hvd_torch.grouped_allgather([x, x[:1]])
+    np.testing.assert_array_equal(host(outs[1]), np.concatenate(everyone(base[:1])))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        slow = torch.ones(2048, 2048, device="cuda")
+        for _ in range(8):
+            slow = slow @ slow / 2048  # stays ones, and keeps the stream busy
+        y = (slow[:4, :3] * r).to(dtype)  # ready only once the products are done
+        handles = [hvd_torch.allgather_async(y), hvd_torch.broadcast_async(y, n - 1)]
+        got = [host(hvd_torch.synchronize(h)) for h in handles]  # read on the side stream
+    np.testing.assert_array_equal(got[0], np.concatenate([np.full((4, 3), s) for s in range(n)]))
+    np.testing.assert_array_equal(got[1], np.full((4, 3), n - 1))
+    z = _cuda(base).requires_grad_()
+    gathered = hvd_torch.allgather(z)
+    (gathered.float() * (r + 1)).sum().backward()
+    np.testing.assert_array_equal(z.grad.cpu().numpy(), np.full(base.shape, n * (n + 1) / 2))
