@@ -301,13 +301,20 @@ def tensor_reducescatter_plan(tensor, kind, name, options: dict) -> Optional[Pla
     combined = combined_as(resolved)
 
     def execute(comm, _):
-        buf = kind.new(tensor, math.prod(shape))  # (the reduction writes into it)
-        buf.reshape(shape)[...] = tensor
-        if prescale != 1.0:
-            kind.scale(buf, float(prescale))
         row = math.prod(shape[1:])
         rows = chunk_bounds(shape[0], comm.size)
         bounds = tuple((lo * row, hi * row) for lo, hi in rows)
+        # Equal chunks among several ranks: the library reads the tensor and writes a new
+        # result (transport.GroupTransport.reducescatter); otherwise it reduces in place, in a
+        # copy, as a prescale does.
+        even = comm.size > 1 and row * shape[0] > 0 and len({hi - lo for lo, hi in rows}) == 1
+        if even and prescale == 1.0 and kind.contiguous(tensor):
+            buf = kind.flat(tensor)
+        else:
+            buf = kind.new(tensor, math.prod(shape))
+            buf.reshape(shape)[...] = tensor
+            if prescale != 1.0:
+                kind.scale(buf, float(prescale))
         mine = transport.reducescatter(comm, buf, bounds, combined, xp, requested)
         if factor != 1.0:
             kind.scale(mine, factor)

@@ -160,16 +160,16 @@ class TorchTransport(GroupTransport):
         options = dist.ReduceScatterOptions()
         options.reduceOp = _OPS[op]
 
+        # (torch's flat forms, which its reduce_scatter_tensor and all_gather_into_tensor call:
+        # the list forms stage through a flat buffer of their own and copy it, on Gloo and NCCL)
         def start():
-            parts = list(self._tensor(buf).chunk(group.backend.size()))
-            return group.backend.reduce_scatter([self._tensor(out)], [parts], options)
+            return group.backend._reduce_scatter_base(self._tensor(out), self._tensor(buf), options)
 
         self._run(group, start, tensors=isinstance(buf, torch.Tensor))
 
     def gather_all(self, group, send, out) -> None:
         def start():
-            parts = list(self._tensor(out).chunk(group.backend.size()))
-            return group.backend.allgather([parts], [self._tensor(send)])
+            return group.backend._allgather_base(self._tensor(out), self._tensor(send))
 
         self._run(group, start, tensors=isinstance(send, torch.Tensor))
 
