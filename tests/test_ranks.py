@@ -83,12 +83,15 @@ CASES = [
     for name, modules, np, deselect in LAUNCHES
 ]
 # The torch tests again with torch.distributed's Gloo moving the data (docs/gpu.md): the CPU twin
-# of the NCCL transport, so the seam and everything above it run in CI. At 3 ranks: rank_transport
-# runs every core collective over Gloo at 2, 3 and 4.
+# of the NCCL transport, so the seam and everything above it run in CI (ZeroOptimizer's shards
+# then go as tensors: tensor_plans.py). At 3 ranks: rank_transport runs every core collective
+# over Gloo at 2, 3 and 4.
 GLOO = {"HOROVODLITE_TRANSPORT": "gloo"}
 GLOO_CASES = [
     pytest.param(
-        ["rank_torch.py", "rank_torch_training.py", "rank_gradients_torch.py"], 3, id="gloo-torch-3"
+        ["rank_torch.py", "rank_torch_training.py", "rank_gradients_torch.py", "rank_zero.py"],
+        3,
+        id="gloo-torch-3",
     )
 ]
 

@@ -28,6 +28,9 @@ from horovodlite.state import current
 from horovodlite.transport import select
 
 SIZES = [1 << 10, 1 << 20]
+# torch 2.13 renames the flat forms (the old names warn); either is the same call.
+_gather_into = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_scatter_into = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 COLLECTIVES = ["broadcast_", "allgather", "alltoall", "reducescatter"]
 
 
@@ -46,7 +49,7 @@ def contenders(name: str, tensor: torch.Tensor, group, size: int) -> tuple:
                 lambda: group.broadcast([tensor], options).wait())  # fmt: skip
     if name == "allgather":
         return (lambda: hvd.allgather(tensor),
-                lambda: dist.all_gather_into_tensor(torch.empty(n * size), tensor),
+                lambda: _gather_into(torch.empty(n * size), tensor),
                 lambda: group._allgather_base(torch.empty(n * size), tensor).wait())  # fmt: skip
     if name == "alltoall":
         options = dist.AllToAllOptions()
@@ -56,7 +59,7 @@ def contenders(name: str, tensor: torch.Tensor, group, size: int) -> tuple:
     options = dist.ReduceScatterOptions()
     options.reduceOp = dist.ReduceOp.SUM
     return (lambda: hvd.reducescatter(tensor, op=hvd.Sum),
-            lambda: dist.reduce_scatter_tensor(torch.empty(n // size), tensor),
+            lambda: _scatter_into(torch.empty(n // size), tensor),
             lambda: group._reduce_scatter_base(torch.empty(n // size), tensor, options).wait())
 
 
