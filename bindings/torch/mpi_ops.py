@@ -1,11 +1,11 @@
 """The collectives on torch tensors: synchronous, in-place, asynchronous and grouped forms.
 
 Tensors are handed to the core as they are where torch's gloo or NCCL moves them
-(horovodlite/tensor_plans.py: all-reduce, broadcast, all-gather, reduce-scatter), else as
-zero-copy views (tensors.py); no algorithm lives here. The
-out-of-place synchronous collectives are differentiable: each backward runs the core's gradient
-of that collective (horovodlite/training/collective_gradients.py), the gradient of the sum of
-the ranks' losses (`torch.autograd.Function.apply` takes its arguments by position only).
+(horovodlite/tensor_plans.py: all-reduce, broadcast, all-gather, all-to-all, reduce-scatter),
+else as zero-copy views (tensors.py); no algorithm lives here. The out-of-place synchronous
+collectives are differentiable: each backward runs the core's gradient of that collective
+(horovodlite/training/collective_gradients.py), the gradient of the sum of the ranks' losses
+(`torch.autograd.Function.apply` takes its arguments by position only).
 """
 
 import functools
@@ -420,7 +420,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
 # -- allgather, broadcast, alltoall, reduce-scatter ------------------------------------------
 # Each tries the core's plan of the tensor as it is first (tensor_plans.py), then its view. The
 # blocking forms run on the caller's thread and stream; the engine runs on each GPU's default
-# stream, which `_submitted` orders after the caller's.
+# stream, which `_for_the_engine` orders after the caller's.
 
 
 def _data(tensor: torch.Tensor) -> torch.Tensor:
