@@ -30,6 +30,7 @@ TensorFlow's graphs, with `blocking=False`, the collectives go to the engine (na
 suffix where given: a TF1 graph's ops run in any order, bindings/tensorflow/op_runner.py).
 """
 
+import functools
 from typing import Callable, Optional
 
 import numpy as np
@@ -372,12 +373,8 @@ def alltoall_gradients(
 
 # The gradients that run on a binding's tensors as they are (tensor_gradients).
 _TENSOR_WAYS = {
-    allreduce_gradients: lambda kind, grads, *args, **options: _reduced_tensors(
-        _tensors_summed, kind, grads, *args, **options
-    ),
-    reducescatter_gradients: lambda kind, grads, *args, **options: _reduced_tensors(
-        _tensors_gathered, kind, grads, *args, **options
-    ),
+    allreduce_gradients: functools.partial(_reduced_tensors, _tensors_summed),
+    reducescatter_gradients: functools.partial(_reduced_tensors, _tensors_gathered),
     allgather_gradients: _allgather_tensors,
     broadcast_gradients: _broadcast_tensors,
     alltoall_gradients: _alltoall_tensors,
