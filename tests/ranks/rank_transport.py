@@ -1245,3 +1245,19 @@ def test_torch_movement_of_one_element_and_empty_tensors(moved_as_they_are):
     assert out.shape == ((n + 1) // 2, 3) and out.sum().item() == 3 * ((n + 1) // 2)
     assert hvd.torch.broadcast(empty, 0).shape == (0, 3)
     assert hvd.torch.reducescatter(empty, op=hvd.Sum).shape == (0, 3)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_torch_reducescatter_scales_as_the_views_do_bit_for_bit(moved_as_they_are, dtype):
+    # Random values with factors that are no powers of two: the tensor way (torch's multiply)
+    # gives the same bits as the general way on numpy arrays (staging.scale), even and uneven.
+    n = hvd.size()
+    rng = np.random.default_rng([93, hvd.rank()])
+    for rows in (2 * n, 2 * n + 1):
+        floats = torch.from_numpy(rng.standard_normal((rows, 3)).astype(np.float32))
+        tensor = floats.to(getattr(torch, dtype))
+        args = dict(op=hvd.Average, prescale_factor=0.3, postscale_factor=0.7)
+        reference = hvd.reducescatter(as_numpy(tensor).copy(), name=f"rs.ref.{dtype}", **args)
+        out = hvd.torch.reducescatter(tensor, name=f"rs.bits.{dtype}", **args)
+        assert as_numpy(out).tobytes() == reference.tobytes()
+    assert moved_as_they_are and None not in moved_as_they_are
