@@ -432,11 +432,13 @@ def _data(tensor: torch.Tensor) -> torch.Tensor:
 def _for_the_engine(tensors: list) -> None:
     """Before tensors go to the engine as they are: make each GPU's default stream, where the
     engine's work runs, wait for what the caller's stream has queued, where the two differ (a
-    tensor made on a side stream; a wait on the GPU, not on the host)."""
+    tensor made on a side stream; a wait on the GPU, not on the host), and keep the tensor's
+    memory from reuse until the default stream is done with it."""
     for tensor in tensors:
         if tensor.is_cuda and not on_default_stream(tensor):
-            device = tensor.device
-            torch.cuda.default_stream(device).wait_stream(torch.cuda.current_stream(device))
+            default = torch.cuda.default_stream(tensor.device)
+            default.wait_stream(torch.cuda.current_stream(tensor.device))
+            tensor.record_stream(default)
 
 
 def _submitted(plan, data: torch.Tensor, finish=ordered_for_caller) -> Handle:

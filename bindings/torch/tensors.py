@@ -304,11 +304,14 @@ _default_stream = getattr(torch._C, "_cuda_getDefaultStream", None)
 def ordered_for_caller(tensor: torch.Tensor) -> torch.Tensor:
     """Return `tensor`, a result queued on its GPU's default stream (the engine's work, NCCL's
     on CuPy's null stream), after making the caller's current stream wait for that stream: a
-    caller on a side stream of its own would not wait for it otherwise. Nothing waits where the
-    two are one stream, or on the host."""
+    caller on a side stream of its own would not wait for it otherwise; and the tensor's memory
+    is kept from reuse until that stream is done with it (torch's allocator would otherwise hand
+    it out again on the default stream once the caller frees it). Nothing waits where the two
+    are one stream, or on the host."""
     if tensor.is_cuda and not on_default_stream(tensor):
-        device = tensor.device
-        torch.cuda.current_stream(device).wait_stream(torch.cuda.default_stream(device))
+        current = torch.cuda.current_stream(tensor.device)
+        current.wait_stream(torch.cuda.default_stream(tensor.device))
+        tensor.record_stream(current)
     return tensor
 
 
