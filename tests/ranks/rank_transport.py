@@ -177,6 +177,16 @@ def test_process_set_gets_its_own_group(no_views):
                 np.testing.assert_allclose(x.numpy(), sum(members) / len(members))
             engine_comm = current().process_sets.lookup(subset.process_set_id).engine_comm
             assert moved_by_gloo(engine_comm)
+            # The other collectives of torch tensors, as they are, on the set's groups; the
+            # root is a global rank, the second of the set.
+            t = torch.full((r, 2), float(r))
+            out = hvd.torch.broadcast(t[:1], members[1], process_set=subset)
+            np.testing.assert_array_equal(out.numpy(), np.full((1, 2), members[1]))
+            out = hvd.torch.allgather(t, process_set=subset)
+            np.testing.assert_array_equal(out[:, 0].numpy(), np.repeat(members, members))
+            out = hvd.torch.synchronize(hvd.torch.reducescatter_async(
+                torch.ones(len(members), 2), op=hvd.Sum, process_set=subset))  # fmt: skip
+            np.testing.assert_array_equal(out.numpy(), np.full((1, 2), float(len(members))))
     finally:
         hvd.remove_process_set(subset)
 
