@@ -90,15 +90,7 @@ def _worker(args) -> None:
             lambda: dist.all_reduce(tensor.clone()),
             lambda: same_group.allreduce([tensor.clone()]).wait(),
         )
-        own = np.empty((count, len(calls)))
-        for i in range(count):
-            for k in range(len(calls)) if i % 2 == 0 else reversed(range(len(calls))):
-                comm.Barrier()
-                start = time.perf_counter()
-                calls[k]()
-                own[i, k] = time.perf_counter() - start
-        slowest = np.empty_like(own)
-        comm.Allreduce(own, slowest, op=MPI.MAX)
+        slowest = paired_rounds(comm, calls, count)
         return (slowest[:, 0] - slowest[:, 1]).tolist(), (slowest[:, 0] - slowest[:, 2]).tolist()
 
     results = []
@@ -123,6 +115,25 @@ def _worker(args) -> None:
         with open(args.output, "w") as f:
             json.dump({"np": size, "results": results}, f, indent=1)
     dist.destroy_process_group()
+
+
+def paired_rounds(comm, calls: tuple, count: int):
+    """Time `count` rounds of `calls`, each call after a barrier, in turns (the order alternates
+    from round to round); return the slowest rank's seconds, an array (count, len(calls)).
+    Collective on `comm` (mpi4py)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    own = np.empty((count, len(calls)))
+    for i in range(count):
+        for k in range(len(calls)) if i % 2 == 0 else reversed(range(len(calls))):
+            comm.Barrier()
+            start = time.perf_counter()
+            calls[k]()
+            own[i, k] = time.perf_counter() - start
+    slowest = np.empty_like(own)
+    comm.Allreduce(own, slowest, op=MPI.MAX)
+    return slowest
 
 
 def table(data: dict) -> str:

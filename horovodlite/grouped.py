@@ -29,11 +29,7 @@ def grouped_allreduce(tensors, *, name=None, **options) -> list:
     "<name>.0", "<name>.1", ... in errors.
     """
     plans = [allreduce_plan(t, name=n, **options) for t, n in _members(tensors, name, "allreduce")]
-
-    def execute(comm, _):
-        return fused_by_kind(comm, [plan.fusion for plan in plans])
-
-    return _run_group("grouped_allreduce", name, plans, execute)
+    return _fused(name, plans)
 
 
 def grouped_tensor_allreduce(tensors, kind, name, inplace: bool, options: dict):
@@ -42,14 +38,18 @@ def grouped_tensor_allreduce(tensors, kind, name, inplace: bool, options: dict):
     `average`); None where any of them must go as a numpy or CuPy view (then they all do).
 
     For the bindings; the same agreement and fused batches as grouped_allreduce's, so the ranks
-    meet whichever way each takes.
+    meet whichever way each takes. The grouped_tensor_* forms below are the same for the other
+    grouped collectives.
     """
-    plans = _tensor_plans(
-        lambda tensor, member: tensor_allreduce_plan(tensor, kind, member, inplace, options),
-        tensors, name, "allreduce",
-    )  # fmt: skip
-    if plans is None:
-        return None
+
+    def plan_of(tensor, member):
+        return tensor_allreduce_plan(tensor, kind, member, inplace, options)
+
+    return _as_they_are(plan_of, tensors, name, "allreduce", _fused)
+
+
+def _fused(name, plans: list) -> list:
+    """Run the grouped all-reduce of the member `plans`: one agreement, fused batches."""
 
     def execute(comm, _):
         return fused_by_kind(comm, [plan.fusion for plan in plans])
@@ -57,15 +57,16 @@ def grouped_tensor_allreduce(tensors, kind, name, inplace: bool, options: dict):
     return _run_group("grouped_allreduce", name, plans, execute)
 
 
-def _tensor_plans(plan_of, tensors, name, kind: str):
-    """Return `plan_of(tensor, member name)` of each of `tensors`, or None where any is None."""
+def _as_they_are(plan_of, tensors, name, kind: str, run):
+    """Return `run(name, plans)` of the plans `plan_of(tensor, member name)` of `tensors` as
+    they are, or None where any of them is None (then they all go as views)."""
     plans = []
     for tensor, member in _members(tensors, name, kind):
         plan = plan_of(tensor, member)
         if plan is None:
             return None
         plans.append(plan)
-    return plans
+    return run(name, plans)
 
 
 def _members(tensors, name, kind: str) -> list:
@@ -109,14 +110,13 @@ def grouped_allgather(tensors, *, name=None, process_set=global_process_set) -> 
 
 
 def grouped_tensor_allgather(tensors, kind, name, process_set) -> list:
-    """grouped_allgather() of a framework's `tensors` as they are (tensor_plans.py); None where
-    any of them must go as a numpy or CuPy view (then they all do): the bindings' way, as
-    grouped_tensor_allreduce()."""
-    plans = _tensor_plans(
-        lambda tensor, member: tensor_allgather_plan(tensor, kind, member, process_set),
-        tensors, name, "allgather",
-    )  # fmt: skip
-    return None if plans is None else _gathered(name, plans)
+    """grouped_allgather() of a framework's `tensors` as they are, or None (see
+    grouped_tensor_allreduce)."""
+
+    def plan_of(tensor, member):
+        return tensor_allgather_plan(tensor, kind, member, process_set)
+
+    return _as_they_are(plan_of, tensors, name, "allgather", _gathered)
 
 
 def _gathered(name, plans: list) -> list:
@@ -145,13 +145,13 @@ def grouped_reducescatter(tensors, *, name=None, **options) -> list:
 
 
 def grouped_tensor_reducescatter(tensors, kind, name, options: dict) -> list:
-    """grouped_reducescatter() of a framework's `tensors` as they are (tensor_plans.py; `options`
-    reducescatter()'s other keyword arguments); None where any of them must go as a view."""
-    plans = _tensor_plans(
-        lambda tensor, member: tensor_reducescatter_plan(tensor, kind, member, options),
-        tensors, name, "reducescatter",
-    )  # fmt: skip
-    return None if plans is None else _scattered(name, plans)
+    """grouped_reducescatter() of a framework's `tensors` as they are (`options`:
+    reducescatter()'s other keyword arguments), or None (see grouped_tensor_allreduce)."""
+
+    def plan_of(tensor, member):
+        return tensor_reducescatter_plan(tensor, kind, member, options)
+
+    return _as_they_are(plan_of, tensors, name, "reducescatter", _scattered)
 
 
 def _scattered(name, plans: list) -> list:

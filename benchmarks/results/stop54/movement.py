@@ -15,7 +15,6 @@ torch binding's calls are the same before and after stop 54.
 import json
 import os
 import sys
-import time
 
 import horovodlite.torch as hvd
 import numpy as np
@@ -26,6 +25,10 @@ from mpi4py import MPI
 from horovodlite.ops import ReduceOp
 from horovodlite.state import current
 from horovodlite.transport import select
+
+# the CPU twin's paired rounds (benchmarks/cpu_twin.py)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from cpu_twin import paired_rounds  # noqa: E402
 
 SIZES = [1 << 10, 1 << 20]
 # torch 2.13 renames the flat forms (the old names warn); either is the same call.
@@ -85,15 +88,7 @@ def main() -> None:
                 for _ in range(5):
                     comm.Barrier()
                     call()
-            own = np.empty((rounds, len(calls)))
-            for i in range(rounds):
-                for k in range(len(calls)) if i % 2 == 0 else reversed(range(len(calls))):
-                    comm.Barrier()
-                    start = time.perf_counter()
-                    calls[k]()
-                    own[i, k] = time.perf_counter() - start
-            slowest = np.empty_like(own)
-            comm.Allreduce(own, slowest, op=MPI.MAX)
+            slowest = paired_rounds(comm, calls, rounds)
             row = {"collective": name, "bytes": nbytes, "rounds": slowest.tolist()}
             results.append(row)
             if rank == 0:
