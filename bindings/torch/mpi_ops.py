@@ -100,16 +100,14 @@ def synchronize(handle: Handle):
 
 def _gradients(rule, grads, *args, **kwargs) -> list:
     """Return the core's gradient `rule` of a collective, run on the torch gradients `grads`
-    (at once, in the backward pass's order: blocking collectives, not the engine's): as they
-    are where the core can (an all-reduce's Sum or Average on torch's gloo or NCCL), else
+    (at once, in the backward pass's order, on its stream: blocking collectives, not the
+    engine's): as they are where the core can (collective_gradients.tensor_gradients), else
     through their views."""
     grads = [g.contiguous() for g in grads]
-    data = [_as_they_may_go(g) for g in grads]  # (as _grouped_allreduce_now: the default stream)
-    if all(d is not None for d in data):
-        rule_on = collective_gradients.tensor_gradients
-        results = rule_on(rule, TORCH_TENSORS, data, *args, **kwargs)
-        if results is not None:
-            return results
+    data = [_data(g) for g in grads]
+    results = collective_gradients.tensor_gradients(rule, TORCH_TENSORS, data, *args, **kwargs)
+    if results is not None:
+        return results
     views = [TensorView(g) for g in grads]
     results = rule([v.array for v in views], *args, blocking=True, **kwargs)()
     return [v.to_tensor(r) for v, r in zip(views, results)]
@@ -188,9 +186,9 @@ def _as_it_is(tensor, result) -> torch.Tensor:
 
 
 def _as_they_may_go(tensor):
-    """Return `tensor` as it travels as it is (detached where autograd records), or None where
-    it cannot: a CUDA tensor on a side stream, which the engine's work on the default stream
-    would not follow, and which would share this thread's kept buffer across streams."""
+    """Return `tensor` as it travels to the engine as it is (detached where autograd records),
+    or None where it cannot: a CUDA tensor on a side stream, which the engine's work on the
+    default stream would not follow."""
     data = tensor.detach() if tensor.requires_grad else tensor
     return data if not data.is_cuda or on_default_stream(data) else None
 
@@ -216,18 +214,16 @@ def _allreduce_now(tensor, *, name, args: dict, inplace: bool = False) -> torch.
 
 
 def _grouped_allreduce_now(tensors, *, name, args: dict, inplace: bool = False) -> list:
-    """Run grouped_allreduce on `tensors`: as they are on torch's gloo or NCCL (all or none,
-    on the default stream as the engine's batches: the thread's kept buffer is used there
-    alone), else as views."""
-    data = [_as_they_may_go(tensor) for tensor in tensors]
-    if all(d is not None for d in data):
-        results = grouped_tensor_allreduce(data, TORCH_TENSORS, name, inplace, args)
-        if results is not None:
-            if not inplace:
-                return results
-            for tensor in tensors:  # (versions move on, as with torch's own in-place ops)
-                torch.autograd.graph.increment_version(tensor)
-            return list(tensors)
+    """Run grouped_allreduce on `tensors`: as they are on torch's gloo or NCCL (all or none;
+    on the caller's stream, whose own kept buffer the batch uses), else as views."""
+    results = grouped_tensor_allreduce([_data(t) for t in tensors], TORCH_TENSORS, name, inplace,
+                                       args)  # fmt: skip
+    if results is not None:
+        if not inplace:
+            return results
+        for tensor in tensors:  # (versions move on, as with torch's own in-place ops)
+            torch.autograd.graph.increment_version(tensor)
+        return list(tensors)
     return _grouped_now(core.grouped_allreduce, tensors, inplace=inplace, name=name, **args)
 
 

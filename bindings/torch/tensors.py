@@ -239,16 +239,20 @@ _copy_each = getattr(torch, "_foreach_copy_", None) or _copy_loop
 # batch split and scaled in 10.8-12.0 ms so against 14.4 (the copies alone, one thread).
 _SCALED_ON_THE_WAY_BYTES = 64 << 10
 
-_kept = threading.local()  # per thread, {(device, dtype): a flat buffer kept for the next batch}
+# per thread, {(device, dtype, CUDA stream): a flat buffer kept for the next batch}
+_kept = threading.local()
 
 
 def _kept_buffer(like: torch.Tensor, count: int) -> torch.Tensor:
     """Return a flat tensor of `count` elements of `like`'s dtype and device, kept by this
-    thread for its next batch (grown to the largest so far), as the core's fusion buffer."""
+    thread for its next batch (grown to the largest so far), as the core's fusion buffer.
+
+    On a GPU, one per stream: the work on a buffer is ordered only within its stream, so a batch
+    on another stream must not write into one the last batch may still be reading."""
     buffers = getattr(_kept, "buffers", None)
     if buffers is None:
         buffers = _kept.buffers = {}
-    key = (like.device, like.dtype)
+    key = (like.device, like.dtype, _stream_id(like.get_device()) if like.is_cuda else None)
     held = buffers.get(key)
     if held is None or held.shape[0] < count:
         held = buffers[key] = torch.empty(count, dtype=like.dtype, device=like.device)
@@ -313,6 +317,13 @@ def ordered_for_caller(tensor: torch.Tensor) -> torch.Tensor:
         current.wait_stream(torch.cuda.default_stream(tensor.device))
         tensor.record_stream(current)
     return tensor
+
+
+def _stream_id(index: int) -> int:
+    """Return the id of torch's current stream on GPU `index`."""
+    if _current_stream is None:
+        return torch.cuda.current_stream(index).cuda_stream
+    return _current_stream(index)[0]
 
 
 def on_default_stream(tensor: torch.Tensor) -> bool:

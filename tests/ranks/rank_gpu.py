@@ -416,8 +416,12 @@ def test_torch_cuda_on_a_side_stream(route):
         hvd_torch.allreduce_(y, op=hvd.Sum, name="side.in")
         z = x.clone()
         hvd_torch.synchronize(hvd_torch.allreduce_async_(z, op=hvd.Sum, name="side.async"))
-        got = [t.cpu().numpy() for t in (out, y, z)]  # read on the side stream
-    for name, value in zip(("allreduce", "allreduce_", "allreduce_async_"), got):
+        # A blocking group on this stream, in place: its batch buffer is this stream's own.
+        group = [x.clone(), x[:10].clone()]
+        hvd_torch.grouped_allreduce_(group, op=hvd.Sum, name="side.group")
+        got = [t.cpu().numpy() for t in (out, y, z, group[0])]  # read on the side stream
+    names = ("allreduce", "allreduce_", "allreduce_async_", "grouped_allreduce_")
+    for name, value in zip(names, got):
         np.testing.assert_array_equal(value, np.full(1000, total, np.float32), err_msg=name)
 
 
