@@ -52,7 +52,7 @@ __all__ = [
     "barrier",
     "start_timeline",
     "stop_timeline",
-]  # (tensor_allreduce_async and tensor_plan_async are the bindings' own: the top level shows these)
+]  # (the tensor_* and grouped_tensor_* forms are the bindings' own: the top level shows these)
 
 
 def _engine():

@@ -271,16 +271,13 @@ def tensor_reducescatter_plan(tensor, kind, name, options: dict) -> Optional[Pla
     """Return reducescatter_plan() of a framework's `tensor` as it is (see
     tensor_broadcast_plan); `options` are reducescatter()'s other keyword arguments. A result
     scaled in a dtype the kind does not scale as the general way goes as a view."""
-    if not _REDUCESCATTER_OPTIONS.issuperset(options):
+    settings = current().settings
+    if not _taken(tensor, kind, settings) or not _OPTIONS.issuperset(options):
         return None
     get = options.get
     prescale, postscale = get("prescale_factor", 1.0), get("postscale_factor", 1.0)
     process_set = get("process_set", global_process_set)
-    described = kind.describe(tensor)
-    if described is None:
-        return None
-    dtype, shape, on_host = described
-    settings = current().settings
+    dtype, shape, on_host = kind.describe(tensor)
     comm, ranks = communicator(process_set)
     try:
         resolved, requested = reducescatter_arguments(
@@ -324,23 +321,24 @@ def tensor_reducescatter_plan(tensor, kind, name, options: dict) -> Optional[Pla
     return Plan(fields, set_id(process_set), comm, ranks, execute=execute)
 
 
-_REDUCESCATTER_OPTIONS = frozenset(
-    {"op", "prescale_factor", "postscale_factor", "process_set", "algorithm"}
-)
-
-
 def _moved(tensor, kind):
     """Return (numpy dtype, shape, transport) where the transport that moves data like `tensor`
     (no reduction) takes it as it is, else None."""
-    described = kind.describe(tensor)
-    if described is None:
+    settings = current().settings
+    if not _taken(tensor, kind, settings):
         return None
-    dtype, shape, on_host = described
+    dtype, shape, on_host = kind.describe(tensor)
+    return dtype, shape, select(settings, np if on_host else ON_DEVICE)
+
+
+def _taken(tensor, kind, settings) -> bool:
+    """small_allreduce.tensors_taken(): one look-up, where most tensors answer no (host tensors
+    go to MPI by default); False where a transport is named but missing (the view's way reports
+    it on every rank)."""
     try:
-        transport = select(current().settings, np if on_host else ON_DEVICE)
-    except ValueError:  # (a transport named but missing: the view's way reports it)
-        return None
-    return (dtype, shape, transport) if kind.carried_by(transport) else None
+        return small_allreduce.tensors_taken(tensor, kind, templates(settings), settings)
+    except ValueError:
+        return False
 
 
 def _flat(kind, tensor, shape: tuple):

@@ -36,7 +36,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithms
-from .buffers import wire_type
+from .buffers import array_module, wire_type
 from .config import TRANSPORTS
 from .ops import ReduceOp, combined_as
 from .result_memory import new_array
@@ -271,12 +271,7 @@ class GroupTransport:
     def new_like(self, buf, count: int, as_bytes: bool = False):
         """Return a new flat buffer of `count` elements of `buf`'s dtype (of bytes with
         `as_bytes`), where `buf` lies."""
-        dtype = np.dtype(np.uint8) if as_bytes else buf.dtype
-        if isinstance(buf, np.ndarray):
-            return new_array(np, count, dtype)
-        import cupy
-
-        return cupy.empty(count, dtype=dtype)
+        return new_array(array_module(buf), count, np.dtype(np.uint8) if as_bytes else buf.dtype)
 
 
 def _writable(buf) -> bool:

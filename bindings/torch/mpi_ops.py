@@ -98,6 +98,12 @@ def synchronize(handle: Handle):
     return handle.wait()
 
 
+def _data(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, detached where autograd records (the collectives' results are new tensors, or
+    written into it in place, where autograd's version counter is moved on by hand)."""
+    return tensor.detach() if tensor.requires_grad else tensor
+
+
 def _gradients(rule, grads, *args, **kwargs) -> list:
     """Return the core's gradient `rule` of a collective, run on the torch gradients `grads`
     (at once, in the backward pass's order, on its stream: blocking collectives, not the
@@ -189,13 +195,13 @@ def _as_they_may_go(tensor):
     """Return `tensor` as it travels to the engine as it is (detached where autograd records),
     or None where it cannot: a CUDA tensor on a side stream, which the engine's work on the
     default stream would not follow."""
-    data = tensor.detach() if tensor.requires_grad else tensor
+    data = _data(tensor)
     return data if not data.is_cuda or on_default_stream(data) else None
 
 
 def _allreduce_now(tensor, *, name, args: dict, inplace: bool = False) -> torch.Tensor:
     # On torch's gloo or NCCL the tensor itself travels (small_allreduce.tensor_allreduce)
-    data = tensor.detach() if tensor.requires_grad else tensor
+    data = _data(tensor)
     out = tensor_allreduce(data, TORCH_TENSORS, name, inplace, args)
     if out is None and (data.is_cuda or not data.is_contiguous()):
         # (a factor, a process set, or another layout such as channels_last: the engine's
@@ -417,12 +423,6 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
 # Each tries the core's plan of the tensor as it is first (tensor_plans.py), then its view. The
 # blocking forms run on the caller's thread and stream; the engine runs on each GPU's default
 # stream, which `_for_the_engine` orders after the caller's.
-
-
-def _data(tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor`, detached where autograd records (the collectives' results are new tensors, or
-    written into it in place, where autograd's version counter is moved on by hand)."""
-    return tensor.detach() if tensor.requires_grad else tensor
 
 
 def _for_the_engine(tensors: list) -> None:
