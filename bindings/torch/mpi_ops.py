@@ -148,15 +148,16 @@ def _saved_inputs(ctx):
 def _allreduce_one_async(tensor, *, name, args: dict, inplace: bool) -> Handle:
     """Start an all-reduce of `tensor`; return a Handle (a backward pass makes one a gradient).
 
-    On torch's gloo or NCCL the tensor itself travels (asynchronous.tensor_allreduce_async),
-    where the engine's work on its GPU queues after the caller's (the default stream is current).
+    On torch's gloo or NCCL the tensor itself travels (asynchronous.tensor_allreduce_async), on
+    any stream: the engine's work on its GPU's default stream waits for the caller's
+    (`_for_the_engine`), and the result is ordered for the caller's stream.
     """
-    data = _as_they_may_go(tensor)
-    if data is not None:
-        handle = tensor_allreduce_async(data, TORCH_TENSORS, name, inplace, args)
-        if handle is not None:
-            finish = functools.partial(_as_it_is, tensor) if inplace else ordered_for_caller
-            return Handle(handle, finish)
+    data = _data(tensor)
+    _for_the_engine([data])
+    handle = tensor_allreduce_async(data, TORCH_TENSORS, name, inplace, args)
+    if handle is not None:
+        finish = functools.partial(_as_it_is, tensor) if inplace else ordered_for_caller
+        return Handle(handle, finish)
     view = TensorView(tensor)
     if inplace:
         # (allreduce_async itself: allreduce_async_ would pass every argument on once more)
@@ -170,13 +171,13 @@ def _allreduce_async(tensors: list, *, name, args: dict, inplace: bool) -> Handl
 
     As _allreduce_one_async, the tensors themselves travel where they can, all or none.
     """
-    data = [_as_they_may_go(tensor) for tensor in tensors]
-    if all(d is not None for d in data):
-        handle = grouped_tensor_allreduce_async(data, TORCH_TENSORS, name, inplace, args)
-        if handle is not None:
-            if inplace:
-                return Handle(handle, lambda _: [_as_it_is(t, None) for t in tensors])
-            return Handle(handle, lambda results: [ordered_for_caller(r) for r in results])
+    data = [_data(tensor) for tensor in tensors]
+    _for_the_engine(data)
+    handle = grouped_tensor_allreduce_async(data, TORCH_TENSORS, name, inplace, args)
+    if handle is not None:
+        if inplace:
+            return Handle(handle, lambda _: [_as_it_is(t, None) for t in tensors])
+        return Handle(handle, _ordered_each)
     views = [TensorView(t) for t in tensors]
     finish = [v.write_back if inplace else v.to_tensor for v in views]
     handle = core.grouped_allreduce_async(
@@ -189,14 +190,6 @@ def _as_it_is(tensor, result) -> torch.Tensor:
     """Finish an in-place all-reduce whose tensor travelled as it is: `result` is its data."""
     torch.autograd.graph.increment_version(tensor)  # (as torch's own in-place ops: write_back)
     return ordered_for_caller(tensor)
-
-
-def _as_they_may_go(tensor):
-    """Return `tensor` as it travels to the engine as it is (detached where autograd records),
-    or None where it cannot: a CUDA tensor on a side stream, which the engine's work on the
-    default stream would not follow."""
-    data = _data(tensor)
-    return data if not data.is_cuda or on_default_stream(data) else None
 
 
 def _allreduce_now(tensor, *, name, args: dict, inplace: bool = False) -> torch.Tensor:

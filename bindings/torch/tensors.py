@@ -12,7 +12,7 @@ Where torch's own gloo or NCCL groups move a tensor, the short all-reduce and th
 without any view (`TORCH_TENSORS`, small_allreduce.tensor_allreduce, fusion.TensorEntry): the
 engine joins a batch into one torch buffer and splits it back. So the all-reduces of CUDA
 tensors that no CuPy array holds stay on the GPU too, on torch's NCCL: those that go as they are
-(contiguous or channels_last, on the default stream; tensor_plans.py says which).
+(contiguous or channels_last, on any stream; tensor_plans.py says which).
 """
 
 import threading

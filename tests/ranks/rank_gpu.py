@@ -600,7 +600,8 @@ def test_torch_cuda_movement_travels_as_it_is(route, case, monkeypatch):
     # Broadcast, all-gather, all-to-all and reduce-scatter of CUDA tensors (and their gradients)
     # travel as they are on torch's NCCL, no view made: bfloat16, and everything without CuPy,
     # stay on the GPU. Elsewhere they go as views, and move alike. Sync and async, grouped, a
-    # strided input, and async from a side stream (the engine's stream waits for it).
+    # strided input, and async from a side stream (the engine's stream waits for it), all-reduces
+    # included.
     from horovodlite.torch import tensors
 
     if case == "no CuPy":
@@ -644,9 +645,20 @@ def test_torch_cuda_movement_travels_as_it_is(route, case, monkeypatch):
             slow = slow @ slow / 2048  # stays ones, and keeps the stream busy
         y = (slow[:4, :3] * r).to(dtype)  # ready only once the products are done
         handles = [hvd_torch.allgather_async(y), hvd_torch.broadcast_async(y, n - 1)]
-        got = [host(hvd_torch.synchronize(h)) for h in handles]  # read on the side stream
+        # The engine's all-reduces of side-stream tensors travel as they are too (the tensor
+        # way, no view: before, views, staged for bfloat16 and without CuPy).
+        handles.append(hvd_torch.allreduce_async(y, op=hvd.Sum))
+        group = [y.clone(), y[:1].clone()]
+        handles.append(hvd_torch.grouped_allreduce_async_(group, op=hvd.Sum))
+        got = [hvd_torch.synchronize(h) for h in handles]
+        assert got[3][0] is group[0]
+        got = [host(got[0]), host(got[1]), host(got[2]), host(group[0]), host(group[1])]
+        # (read on the side stream)
     np.testing.assert_array_equal(got[0], np.concatenate([np.full((4, 3), s) for s in range(n)]))
     np.testing.assert_array_equal(got[1], np.full((4, 3), n - 1))
+    total = n * (n - 1) / 2
+    for value, rows in ((got[2], 4), (got[3], 4), (got[4], 1)):
+        np.testing.assert_array_equal(value, np.full((rows, 3), total))
     z = _cuda(base).requires_grad_()
     gathered = hvd_torch.allgather(z)
     (gathered.float() * (r + 1)).sum().backward()
