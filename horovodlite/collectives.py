@@ -31,8 +31,7 @@ from .fusion import FusionEntry, allreduce_fields, fusion_key
 from .ops import ReduceOp, combined_as, resolve_op, result_factor
 from .plan import Plan, run_now, signature_of, synchronous, templates, waiter
 from .process_sets import communicator, global_process_set
-from .result_memory import new_array
-from .staging import deliver, flat_work, scale
+from .staging import deliver, flat_work, result_buffer, scale
 from .state import current
 from .transport import select
 
@@ -271,7 +270,9 @@ def reducescatter_plan(
         bounds = tuple((lo * row, hi * row) for lo, hi in rows)
         scale(module, buf, prescale_factor)
         combined = combined_as(resolved)
-        mine = transport.reducescatter(comm, buf, bounds, combined, module, requested).copy()
+        mine = transport.reducescatter(comm, buf, bounds, combined, module, requested)
+        if module is xp:  # (a staged part is copied up to the GPU by deliver)
+            mine = mine.copy()  # this rank's part alone, not a view that keeps all of `buf`
         scale(module, mine, result_factor(resolved, postscale_factor, comm.size))
         lo, hi = rows[comm.rank]
         return deliver(mine, array, xp, False, (hi - lo, *array.shape[1:]))
@@ -345,7 +346,7 @@ def allgather_plan(tensor, *, name=None, process_set=global_process_set) -> Plan
         buf, module = flat_work(array, xp, False, transport)
         row = math.prod(array.shape[1:])
         counts = [r * row for r in rows]
-        out = new_array(module, sum(counts), array.dtype)
+        out = result_buffer(module, xp, sum(counts), array.dtype)
         transport.allgatherv(comm, buf, out, counts)
         return deliver(out, array, xp, False, (sum(rows), *array.shape[1:]))
 
@@ -442,7 +443,7 @@ def alltoall_plan(tensor, splits=None, *, name=None, process_set=global_process_
         buf, module = flat_work(array, xp, False, transport)
         row = math.prod(array.shape[1:])
         send_counts, recv_counts = (send_splits * row).tolist(), (received_splits * row).tolist()
-        out = new_array(module, int(received_splits.sum()) * row, array.dtype)
+        out = result_buffer(module, xp, int(received_splits.sum()) * row, array.dtype)
         transport.alltoallv(comm, buf, send_counts, out, recv_counts)
         received = deliver(out, array, xp, False, (int(received_splits.sum()), *array.shape[1:]))
         if splits is None:

@@ -13,12 +13,14 @@ import numpy as np
 
 from .buffers import synchronize_device
 from .ops import half_kernels_for
+from .result_memory import new_array
 
 __all__ = [
     "staged",
     "flat_work",
     "copy_in",
     "host_scratch",
+    "result_buffer",
     "deliver",
     "copy_parts",
     "scale",
@@ -33,7 +35,7 @@ def staged(xp, transport) -> bool:
 def flat_work(array, xp, copy: bool, transport):
     """Return (flat contiguous buffer, its module) for `transport` to move."""
     if staged(xp, transport):
-        return xp.asnumpy(array).reshape(-1), np
+        return _to_host(array, xp), np
     if not copy and array.flags.c_contiguous:
         buf = array.reshape(-1)
     else:
@@ -91,21 +93,97 @@ def _gathered(dest, arrays: list, xp, prescale: float) -> bool:
 _pinned = threading.local()
 
 
-def host_scratch(xp, dtype, count: int):
+class _Pinned:
+    """A reused page-locked host buffer, and the event after the last copy up to the GPU from
+    it: copies up run on the GPU after the host has moved on, so the host waits for that event
+    (where one is pending) before the buffer is written again."""
+
+    __slots__ = ("array", "uploaded", "pending")
+
+    def __init__(self, array):
+        self.array, self.uploaded, self.pending = array, None, False
+
+    def writable(self):
+        """Return the buffer, once no copy up from it is pending."""
+        if self.pending:
+            self.uploaded.synchronize()
+            self.pending = False
+        return self.array
+
+
+def host_scratch(xp, dtype, count: int, role: str = "fusion"):
     """Return a reused flat host array of `count` elements for staging arrays of CuPy (`xp`).
 
-    It is page-locked (pinned) memory, one per thread and dtype, grown to the largest batch
-    staged so far.
+    It is page-locked (pinned) memory, one per thread, `role` and dtype, grown to the largest
+    size asked so far; the GPU copies to and from it at the link's speed, where pageable memory
+    bounces through a driver buffer (a tenth of the speed, measured on the H100: docs/gpu.md).
+    The roles are the buffers that one collective holds at once: "fusion" (a fused batch,
+    fusion.py), "work" (flat_work's copy of an input) and "result" (result_buffer).
     """
     cache = getattr(_pinned, "buffers", None)
     if cache is None:
         cache = _pinned.buffers = {}
-    key = (dtype.str, dtype.name)
+    key = (role, dtype.str, dtype.name)
     held = cache.get(key)
-    if held is None or held.size < count:
+    if held is None or held.array.size < count:
+        if held is not None:
+            held.writable()  # (its memory goes back to CuPy's pinned pool, which may reuse it)
         memory = xp.cuda.alloc_pinned_memory(max(count, 1) * dtype.itemsize)
-        held = cache[key] = np.frombuffer(memory, dtype=dtype, count=max(count, 1))
-    return held[:count]
+        held = cache[key] = _Pinned(np.frombuffer(memory, dtype=dtype, count=max(count, 1)))
+    return held.writable()[:count]
+
+
+def result_buffer(module, xp, count: int, dtype):
+    """Return a flat array of `count` elements for a result that a transport writes: a new one
+    of `module`, or, where GPU arrays (of `xp`) are staged through host memory (`module` is
+    numpy), the thread's reused pinned "result" buffer, which deliver() copies up to a new GPU
+    array."""
+    if module is xp:
+        return new_array(module, count, dtype)
+    return host_scratch(xp, dtype, count, "result")
+
+
+def _to_host(array, xp):
+    """Copy GPU `array` into the thread's pinned "work" buffer; return that, flat.
+
+    The copy runs on the current stream, after the work queued there, and the host waits for it
+    (CuPy's `get`): the host reads the buffer next."""
+    host = host_scratch(xp, array.dtype, array.size, "work")
+    if array.size:
+        array.get(out=host.reshape(array.shape))
+    return host
+
+
+def _to_device(host, xp, into=None):
+    """Copy the host array `host` up to the GPU: into the GPU array `into` where given (of its
+    shape), else into a new one; return the GPU array.
+
+    The copy is queued on the current stream (CuPy's `set`), so the host does not wait for it;
+    where `host` is one of the pinned buffers, its event tells host_scratch when it may be
+    written again."""
+    if into is not None and into.flags.c_contiguous:
+        target = into
+    else:
+        target = xp.empty(host.shape, dtype=host.dtype)
+    if host.size:
+        target.set(host)
+        _uploaded_from(host, xp)
+    if into is not None and target is not into:
+        into[...] = target
+        return into
+    return target
+
+
+def _uploaded_from(host, xp) -> None:
+    """Record, on the pinned buffer that `host` is a view of (if any), the event after the copy
+    up just queued on the current stream."""
+    for held in getattr(_pinned, "buffers", {}).values():
+        if np.may_share_memory(held.array, host):
+            if held.uploaded is None:
+                held.uploaded = xp.cuda.Event(block=False, disable_timing=True)
+            held.uploaded.record()
+            held.pending = True
+            return
 
 
 def deliver(buf, array, xp, inplace: bool, shape=None, factor: float = 1.0):
@@ -122,7 +200,7 @@ def deliver(buf, array, xp, inplace: bool, shape=None, factor: float = 1.0):
             return array
         scale(np if isinstance(out, np.ndarray) else xp, out, factor)
     if xp is not np and isinstance(out, np.ndarray):
-        out = xp.asarray(out)
+        return _to_device(out, xp, array if inplace else None)  # a staged result
     if not inplace:
         return out
     if not _same_memory(out, array):
