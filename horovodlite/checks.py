@@ -22,6 +22,7 @@ __all__ = [
     "check_writable",
     "check_rows",
     "check_gathered_rows",
+    "parse_splits",
     "root_index",
     "checked",
     "prepare",
@@ -134,3 +135,28 @@ def prepare(tensor, process_set):
 def set_id(process_set) -> int:
     """Return the registry id of `process_set` (None means the global set)."""
     return (process_set or global_process_set).process_set_id
+
+
+def parse_splits(splits, rows: int, size: int) -> np.ndarray:
+    """Return alltoall()'s rows to send to each rank, or raise ValueError for bad `splits`."""
+    if splits is None:
+        if rows % size:
+            raise ValueError(
+                f"alltoall without splits divides dimension 0 evenly, but {rows} rows do not "
+                f"divide by {size} ranks: pass splits="
+            )
+        return np.full(size, rows // size, dtype=np.int64)
+    values = np.asarray(splits)
+    if values.dtype.kind not in "iu" and values.size:
+        # ValueError, as Horovod: a list of floats is a wrong value more than a wrong type.
+        raise ValueError(f"splits must be integers, got dtype {values.dtype}")
+    values = values.astype(np.int64).reshape(-1)
+    if values.size != size:
+        raise ValueError(f"splits has {values.size} entries, expected one per rank ({size})")
+    if (values < 0).any():
+        raise ValueError(f"splits must be non-negative, got {values.tolist()}")
+    if values.sum() != rows:
+        raise ValueError(
+            f"splits {values.tolist()} add up to {values.sum()}, but dimension 0 has {rows} rows"
+        )
+    return values

@@ -23,6 +23,7 @@ from .checks import (
     check_rows,
     check_writable,
     checked,
+    parse_splits,
     prepare,
     root_index,
     set_id,
@@ -395,31 +396,6 @@ def check_gather_into(array, rows) -> None:
         raise ValueError(f"rows must be an int in 0..{array.shape[0]}, got {rows!r}")
 
 
-def parse_splits(splits, rows: int, size: int) -> np.ndarray:
-    """Return alltoall()'s rows to send to each rank, or raise ValueError for bad `splits`."""
-    if splits is None:
-        if rows % size:
-            raise ValueError(
-                f"alltoall without splits divides dimension 0 evenly, but {rows} rows do not "
-                f"divide by {size} ranks: pass splits="
-            )
-        return np.full(size, rows // size, dtype=np.int64)
-    values = np.asarray(splits)
-    if values.dtype.kind not in "iu" and values.size:
-        # ValueError, as Horovod: a list of floats is a wrong value more than a wrong type.
-        raise ValueError(f"splits must be integers, got dtype {values.dtype}")
-    values = values.astype(np.int64).reshape(-1)
-    if values.size != size:
-        raise ValueError(f"splits has {values.size} entries, expected one per rank ({size})")
-    if (values < 0).any():
-        raise ValueError(f"splits must be non-negative, got {values.tolist()}")
-    if values.sum() != rows:
-        raise ValueError(
-            f"splits {values.tolist()} add up to {values.sum()}, but dimension 0 has {rows} rows"
-        )
-    return values
-
-
 def alltoall_plan(tensor, splits=None, *, name=None, process_set=global_process_set) -> Plan:
     """Send rows `splits[i]` of `tensor`'s dimension 0 to rank i; return what arrives, in order.
 
@@ -437,8 +413,8 @@ def alltoall_plan(tensor, splits=None, *, name=None, process_set=global_process_
     send_splits, error = checked(parse, bad_input)
     fields = array_fields("alltoall", name, array, trailing=True, splits_given=splits is not None)
 
-    def execute(comm, _):
-        received_splits = received_splits_of(comm, send_splits)
+    def execute(comm, rows):
+        received_splits = received_splits_of(comm, send_splits, splits, rows)
         transport = select(current().settings, xp)
         buf, module = flat_work(array, xp, False, transport)
         row = math.prod(array.shape[1:])
@@ -450,14 +426,19 @@ def alltoall_plan(tensor, splits=None, *, name=None, process_set=global_process_
             return received
         return received, received_splits.astype(np.int32)
 
-    return Plan(fields, set_id(process_set), comm, ranks, error, execute=execute)
+    # Without splits, the agreement brings every rank's rows (received_splits_of).
+    payload = None if splits is not None else (array.shape[0] if array.ndim else 0)
+    return Plan(fields, set_id(process_set), comm, ranks, error, payload=payload, execute=execute)
 
 
 alltoall = synchronous(alltoall_plan, "alltoall")
 
 
-def received_splits_of(comm, send_splits: np.ndarray) -> np.ndarray:
-    """Return the rows each rank sends this one, told over MPI (collective on `comm`)."""
+def received_splits_of(comm, send_splits: np.ndarray, splits, rows) -> np.ndarray:
+    """Return the rows each rank sends this one: without `splits`, every rank's `rows` (the
+    plans' payloads) divided by the ranks; with them, told over MPI (collective on `comm`)."""
+    if splits is None:
+        return np.asarray(rows, dtype=np.int64) // comm.size
     received = np.empty(comm.size, dtype=np.int64)
     comm.Alltoall(send_splits, received)
     return received

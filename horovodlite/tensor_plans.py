@@ -23,11 +23,10 @@ import numpy as np
 from . import small_allreduce
 from .agreement import array_fields
 from .algorithms.scratch import chunk_bounds
-from .checks import check_gathered_rows, root_index, set_id
+from .checks import check_gathered_rows, parse_splits, root_index, set_id
 from .collectives import (
     allreduce_plan,
     check_gather_into,
-    parse_splits,
     received_splits_of,
     reducescatter_arguments,
     template_key,
@@ -255,8 +254,8 @@ def tensor_alltoall_plan(tensor, kind, splits, name, process_set) -> Optional[Pl
     fields = array_fields("alltoall", name, Described(dtype, shape), trailing=True,
                           splits_given=splits is not None)  # fmt: skip
 
-    def execute(comm, _):
-        received = received_splits_of(comm, send_splits)
+    def execute(comm, rows):
+        received = received_splits_of(comm, send_splits, splits, rows)
         row, rows = math.prod(shape[1:]), int(received.sum())
         out = kind.new(tensor, rows * row)
         transport.alltoallv(comm, _flat(kind, tensor, shape), (send_splits * row).tolist(), out,
@@ -264,7 +263,8 @@ def tensor_alltoall_plan(tensor, kind, splits, name, process_set) -> Optional[Pl
         out = out.reshape((rows, *shape[1:]))
         return out if splits is None else (out, received.astype(np.int32))
 
-    return Plan(fields, set_id(process_set), comm, ranks, execute=execute)
+    payload = None if splits is not None else shape[0]
+    return Plan(fields, set_id(process_set), comm, ranks, payload=payload, execute=execute)
 
 
 def tensor_reducescatter_plan(tensor, kind, name, options: dict) -> Optional[Plan]:

@@ -241,6 +241,18 @@ def test_alltoall_even_split(dtype):
         np.testing.assert_array_equal(out, expected)
 
 
+def test_alltoall_without_splits_when_the_ranks_hold_different_rows():
+    # Each rank's rows divide by the ranks but differ between them: what arrives from rank s is
+    # its rows divided by the ranks, which the agreement brings every rank; async through the
+    # engine too.
+    n, r = hvd.size(), hvd.rank()
+    x = rank_values((n * (r + 1), 2), np.float64, r, seed=15)
+    parts = [x[k * (r + 1) : (k + 1) * (r + 1)] for k in range(n)]
+    expected = np.concatenate(WORLD.alltoall(parts))
+    np.testing.assert_array_equal(hvd.alltoall(x), expected)
+    np.testing.assert_array_equal(hvd.synchronize(hvd.alltoall_async(x)), expected)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.bool_], ids=dtype_id)
 def test_alltoall_with_splits(dtype):
     n, r = hvd.size(), hvd.rank()

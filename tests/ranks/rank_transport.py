@@ -987,11 +987,18 @@ def test_torch_alltoall_travels_as_it_is(moved_as_they_are, dtype):
     y = rank_values((sum(splits), 3), dtype, r, seed=87)
     bounds = np.concatenate(([0], np.cumsum(splits)))
     uneven = np.concatenate(WORLD.alltoall([y[bounds[k] : bounds[k + 1]] for k in range(n)]))
+    z = rank_values((n * (r + 1), 3), dtype, r, seed=88)  # no splits, rows differ by rank
+    parts = [z[k * (r + 1) : (k + 1) * (r + 1)] for k in range(n)]
+    differing = np.concatenate(WORLD.alltoall(parts))
     for layout in (lambda t: t, strided):
         out = hvd.torch.alltoall(layout(as_torch(x)), name=f"a2a.{dtype}")
         np.testing.assert_array_equal(as_numpy(out), even)
         out = hvd.torch.synchronize(hvd.torch.alltoall_async(layout(as_torch(x))))
         np.testing.assert_array_equal(as_numpy(out), even)
+        out = hvd.torch.alltoall(layout(as_torch(z)))
+        np.testing.assert_array_equal(as_numpy(out), differing)
+        out = hvd.torch.synchronize(hvd.torch.alltoall_async(layout(as_torch(z))))
+        np.testing.assert_array_equal(as_numpy(out), differing)
         for given in (splits, torch.tensor(splits)):
             out, received = hvd.torch.alltoall(layout(as_torch(y)), splits=given)
             np.testing.assert_array_equal(as_numpy(out), uneven)
