@@ -20,7 +20,8 @@ The synchronous path (one entry) and the engine (a fused batch of entries with e
 Then the transport moves the layout's pieces. Every rank cuts and orders the batch alike, by
 the agreed sizes only, so ranks whose arrays lie differently still reduce the same elements
 together. GPU arrays on a transport that carries no GPU buffers are staged through host
-memory: a reused buffer, pinned where CuPy can pin it (staging.py).
+memory: a reused buffer, pinned where CuPy can pin it, a large batch in pieces whose copies
+overlap the transfer (staging.py).
 
 A batch of a framework's tensors that its transport moves as they are (`TensorEntry`: torch's on
 gloo and NCCL) skips the layout: one buffer of the framework's, filled in one call, moved, and
@@ -43,7 +44,15 @@ from .algorithms.scratch import scratch
 from .buffers import DTYPES_BY_NAME, array_module, cupy_holds, device_module, synchronize_device
 from .ops import ReduceOp, combined_as, result_factor
 from .result_memory import new_array
-from .staging import copy_in, copy_parts, deliver, host_scratch, scale, staged
+from .staging import (
+    copy_in,
+    hand_back,
+    host_scratch,
+    in_pieces,
+    scale,
+    staged,
+    through_host_in_pieces,
+)
 from .state import current
 from .tensor_kind import device_tensors
 from .transport import ON_DEVICE, select
@@ -287,10 +296,12 @@ def fused_allreduce(comm, entries: list, timeline=None) -> list:
         if op == ReduceOp.ADASUM
         else transport.allreduce_algorithm(first.requested, nbytes, dtype, module, comm)
     )
+    factor = result_factor(op, first.postscale, comm.size)
+    if module is not xp and op != ReduceOp.ADASUM and in_pieces(nbytes):
+        return _staged_in_pieces(comm, entries, transport, chosen, factor, span)
     # The ring takes a batch as `Pieces`, each reduced where it lies; one array needs no pieces.
     takes_pieces = chosen == "ring" and module is np and comm.size > 1 and len(entries) > 1
     layout = lay_out(entries, xp, module, takes_pieces, takes_source=op != ReduceOp.ADASUM)
-    factor = result_factor(op, first.postscale, comm.size)
     if layout.copied:
         with span("MEMCPY_IN_FUSION_BUFFER"):
             copy_in(layout.buffer, [entry.array for entry in layout.copied], xp, first.prescale)
@@ -312,7 +323,39 @@ def fused_allreduce(comm, entries: list, timeline=None) -> list:
                 finish(buf)
         else:
             transport.allreduce(comm, buf, combined_as(op), module, chosen, finish, layout.source)
-    return _results(entries, layout, module, factor if layout.factor_on_copy_back else 1.0, span)
+    return hand_back(entries, layout, module, factor if layout.factor_on_copy_back else 1.0, span)
+
+
+def _staged_in_pieces(comm, entries: list, transport, chosen: str, factor: float, span) -> list:
+    """All-reduce a large batch of GPU arrays that `transport` moves through host memory: one
+    array where it lies (else the batch joined on the GPU), through the host in pieces whose
+    copies overlap the transfer (staging.through_host_in_pieces), the scaling on the host; then
+    the results handed back from the GPU buffer as a batch on a GPU transport is."""
+    first, xp = entries[0], entries[0].xp
+    op, prescale = combined_as(first.op), first.prescale
+    finish = None if factor == 1.0 else (lambda part: scale(np, part, factor))  # noqa: E731
+    one = first.array if len(entries) == 1 and first.array.flags.c_contiguous else None
+    if one is not None:
+        source = one.reshape(-1)
+        target = source if first.inplace else new_array(xp, source.size, source.dtype)
+    else:
+        total = sum(entry.array.size for entry in entries)
+        source = target = new_array(xp, total, first.array.dtype)
+        with span("MEMCPY_IN_FUSION_BUFFER"):
+            copy_in(source, [entry.array for entry in entries], xp, 1.0)
+
+    def move(part):
+        scale(np, part, prescale)
+        transport.allreduce(comm, part, op, np, chosen, finish, None)
+
+    with span(f"ALLREDUCE_{chosen.upper()}"):
+        through_host_in_pieces(source, target, xp, move)
+    if one is not None:
+        return [one if first.inplace else target.reshape(one.shape)]
+    offsets = list(itertools.accumulate((entry.array.size for entry in entries[:-1]), initial=0))
+    layout = Layout([target], [False], target, list(entries), offsets,
+                    [entry.inplace for entry in entries])  # fmt: skip
+    return hand_back(entries, layout, xp, 1.0, span)
 
 
 def _tensor_batch(comm, entries: list, span) -> list:
@@ -384,52 +427,6 @@ def _through_views(comm, entries: list, span) -> list:
         else result
         for entry, result in zip(entries, results)
     ]
-
-
-def _results(entries: list, layout: Layout, module, factor: float, span) -> list:
-    """Hand each entry its result as the layout says: itself, a view, or a copy back."""
-    buffer, offsets, copy_back = layout.buffer, layout.offsets, layout.copy_back
-    if not any(copy_back):
-        return [
-            entry.array if start is None else _shaped(buffer[start : start + entry.array.size],
-                                                      entry.array)  # fmt: skip
-            for entry, start in zip(entries, offsets)
-        ]
-    with span("MEMCPY_OUT_FUSION_BUFFER"):
-        together = module is not np and _delivered_together(entries, layout, module, factor)
-        results = []
-        for entry, start, back in zip(entries, offsets, copy_back):
-            array = entry.array
-            if start is None or (together and back):
-                results.append(array)
-                continue
-            part = buffer[start : start + array.size]
-            if back:
-                results.append(deliver(part, array, entry.xp, entry.inplace, factor=factor))
-            else:
-                results.append(_shaped(part, array))
-    return results
-
-
-def _shaped(part, array):
-    """Return the flat `part` shaped as `array` (as it is where `array` is flat: a batch of
-    small results is mostly biases and norms, and a reshape each costs as much as the slice)."""
-    return part if array.ndim == 1 else part.reshape(array.shape)
-
-
-def _delivered_together(entries: list, layout: Layout, module, factor: float) -> bool:
-    """Copy a GPU batch's results back into their in-place arrays in one launch, if it can
-    (staging.copy_parts: contiguous arrays, and a factor only on float32 and float64); a single
-    array takes the one copy deliver() makes."""
-    back = [i for i, flag in enumerate(layout.copy_back) if flag]
-    arrays = [entries[i].array for i in back]
-    if len(arrays) < 2 or not all(array.flags.c_contiguous for array in arrays):
-        return False
-    start, itemsize = layout.buffer.data.ptr, layout.buffer.dtype.itemsize
-    sources = [start + layout.offsets[i] * itemsize for i in back]
-    targets = [array.data.ptr for array in arrays]
-    counts = [array.size for array in arrays]
-    return copy_parts(module, arrays[0].dtype, sources, targets, counts, factor)
 
 
 def _piece_groups(entries: list) -> list:

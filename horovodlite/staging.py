@@ -21,7 +21,10 @@ __all__ = [
     "copy_in",
     "host_scratch",
     "result_buffer",
+    "in_pieces",
+    "through_host_in_pieces",
     "deliver",
+    "hand_back",
     "copy_parts",
     "scale",
 ]
@@ -186,6 +189,41 @@ def _uploaded_from(host, xp) -> None:
             return
 
 
+# A staged all-reduce of at least two of these moves in pieces of this many bytes (fusion.py).
+PIECE_BYTES = 8 << 20
+
+
+def in_pieces(nbytes: int) -> bool:
+    """Return whether a staged all-reduce of `nbytes` moves in pieces (two or more)."""
+    return nbytes >= 2 * PIECE_BYTES
+
+
+def through_host_in_pieces(source, target, xp, move) -> None:
+    """Move the flat GPU array `source` down to the thread's pinned host buffer, let
+    `move(part)` work on each piece there in place (the transport's all-reduce of it), and copy
+    the results up into the flat GPU array `target` (which may be `source`), piece by piece.
+
+    Every copy down is queued on the current stream at once, each followed by an event; the
+    host waits only for its piece's event before moving that piece, then queues its copy up. So
+    the GPU copies the next pieces down, and the last ones up, while the transport moves this
+    one (the copies up follow all the copies down on the stream, so an in-place `target` is
+    read before it is written). Every rank cuts the same pieces: they follow from the size.
+    """
+    host = host_scratch(xp, source.dtype, source.size)
+    step = max(1, PIECE_BYTES // source.dtype.itemsize)
+    bounds = [(start, min(start + step, source.size)) for start in range(0, source.size, step)]
+    arrived = []
+    for start, stop in bounds:
+        source[start:stop].get(out=host[start:stop], blocking=False)
+        arrived.append(xp.cuda.Event(block=False, disable_timing=True))
+        arrived[-1].record()
+    for (start, stop), event in zip(bounds, arrived):
+        event.synchronize()
+        move(host[start:stop])
+        target[start:stop].set(host[start:stop])
+    _uploaded_from(host, xp)
+
+
 def deliver(buf, array, xp, inplace: bool, shape=None, factor: float = 1.0):
     """Hand `buf` back shaped as `shape`: as a new array, or written into `array` if in place.
 
@@ -288,3 +326,51 @@ def _factor_type(xp, dtype):
     if dtype.itemsize == 2 and xp is np:
         return np.float32
     return dtype.type
+
+
+def hand_back(entries: list, layout, module, factor: float, span) -> list:
+    """Hand each entry of a batch its result as its layout (fusion.Layout) says: the array
+    itself, a view of the layout's buffer, or a copy back into it (`factor` on the way), on
+    arrays of `module`; `span(phase)` times the copies (the timeline)."""
+    buffer, offsets, copy_back = layout.buffer, layout.offsets, layout.copy_back
+    if not any(copy_back):
+        return [
+            entry.array if start is None else _shaped(buffer[start : start + entry.array.size],
+                                                      entry.array)  # fmt: skip
+            for entry, start in zip(entries, offsets)
+        ]
+    with span("MEMCPY_OUT_FUSION_BUFFER"):
+        together = module is not np and _delivered_together(entries, layout, module, factor)
+        results = []
+        for entry, start, back in zip(entries, offsets, copy_back):
+            array = entry.array
+            if start is None or (together and back):
+                results.append(array)
+                continue
+            part = buffer[start : start + array.size]
+            if back:
+                results.append(deliver(part, array, entry.xp, entry.inplace, factor=factor))
+            else:
+                results.append(_shaped(part, array))
+    return results
+
+
+def _shaped(part, array):
+    """Return the flat `part` shaped as `array` (as it is where `array` is flat: a batch of
+    small results is mostly biases and norms, and a reshape each costs as much as the slice)."""
+    return part if array.ndim == 1 else part.reshape(array.shape)
+
+
+def _delivered_together(entries: list, layout, module, factor: float) -> bool:
+    """Copy a GPU batch's results back into their in-place arrays in one launch, if it can
+    (staging.copy_parts: contiguous arrays, and a factor only on float32 and float64); a single
+    array takes the one copy deliver() makes."""
+    back = [i for i, flag in enumerate(layout.copy_back) if flag]
+    arrays = [entries[i].array for i in back]
+    if len(arrays) < 2 or not all(array.flags.c_contiguous for array in arrays):
+        return False
+    start, itemsize = layout.buffer.data.ptr, layout.buffer.dtype.itemsize
+    sources = [start + layout.offsets[i] * itemsize for i in back]
+    targets = [array.data.ptr for array in arrays]
+    counts = [array.size for array in arrays]
+    return copy_parts(module, arrays[0].dtype, sources, targets, counts, factor)

@@ -438,7 +438,7 @@ def test_gpu_parts_are_copied_in_one_launch(monkeypatch):
 
 
 def test_a_gpu_batch_is_copied_in_and_back_in_one_launch_each(monkeypatch):
-    from horovodlite import fusion, staging
+    from horovodlite import staging
     from horovodlite.fusion import FusionEntry, lay_out
 
     kernels = []
@@ -458,7 +458,7 @@ def test_a_gpu_batch_is_copied_in_and_back_in_one_launch_each(monkeypatch):
         # where results are not all copied back (fusion.fused_allreduce).
         layout.buffer *= 2 if layout.factor_on_copy_back else 0.5
         factor = 0.25 if layout.factor_on_copy_back else 1.0
-        results = fusion._results(entries, layout, device, factor, lambda phase: nullcontext())
+        results = staging.hand_back(entries, layout, device, factor, lambda phase: nullcontext())
         for result, array, want, own in zip(results, arrays, wanted, inplace):
             assert result.shape == want.shape and np.array_equal(result, want)
             assert (result is array) == own  # in place: the array itself; else a buffer view

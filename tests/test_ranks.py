@@ -18,7 +18,7 @@ MODULES = sorted(p.name for p in RANKS_DIR.glob("rank_*.py"))
 # numpy and mpi4py only: cheap to start, run at every rank count.
 CORE = ["rank_adasum.py", "rank_allreduce.py", "rank_collectives.py", "rank_engine.py",
         "rank_errors.py", "rank_join.py", "rank_point_to_point.py", "rank_process_sets.py",
-        "rank_property.py", "rank_state.py"]  # fmt: skip
+        "rank_property.py", "rank_staging.py", "rank_state.py"]  # fmt: skip
 TORCH = ["rank_adasum_torch.py", "rank_elastic.py", "rank_gradients_torch.py", "rank_pipeline.py",
          "rank_torch.py", "rank_torch_parity.py", "rank_torch_training.py",
          "rank_zero.py"]  # fmt: skip
