@@ -30,7 +30,9 @@ def read_version() -> str:
 
 extras = {
     "mpich": ["mpich"],
-    "cuda": ["cupy-cuda12x", "nvidia-nccl-cu12"],
+    # CuPy 13 and later: staging copies down on the current stream without waiting (`get`'s
+    # `blocking`) and up on it (`set`), as horovodlite/staging.py queues them.
+    "cuda": ["cupy-cuda12x>=13", "nvidia-nccl-cu12"],
     "torch": ["torch>=2.1"],
     "tensorflow": ["tensorflow>=2.16", "keras>=3"],
     "lightning": ["torch>=2.1", "pytorch-lightning>=2.6"],
