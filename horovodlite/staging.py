@@ -93,25 +93,9 @@ def _gathered(dest, arrays: list, xp, prescale: float) -> bool:
     return copy_parts(xp, dest.dtype, sources, targets, counts, prescale)
 
 
+# Per thread: `buffers`, {(role, dtype): a pinned host buffer}; `uploaded`, the event after
+# the thread's last copy up to the GPU, and `pending`, whether that copy may still be running.
 _pinned = threading.local()
-
-
-class _Pinned:
-    """A reused page-locked host buffer, and the event after the last copy up to the GPU from
-    it: copies up run on the GPU after the host has moved on, so the host waits for that event
-    (where one is pending) before the buffer is written again."""
-
-    __slots__ = ("array", "uploaded", "pending")
-
-    def __init__(self, array):
-        self.array, self.uploaded, self.pending = array, None, False
-
-    def writable(self):
-        """Return the buffer, once no copy up from it is pending."""
-        if self.pending:
-            self.uploaded.synchronize()
-            self.pending = False
-        return self.array
 
 
 def host_scratch(xp, dtype, count: int, role: str = "fusion"):
@@ -121,19 +105,30 @@ def host_scratch(xp, dtype, count: int, role: str = "fusion"):
     size asked so far; the GPU copies to and from it at the link's speed, where pageable memory
     bounces through a driver buffer (a tenth of the speed, measured on the H100: docs/gpu.md).
     The roles are the buffers that one collective holds at once: "fusion" (a fused batch,
-    fusion.py), "work" (flat_work's copy of an input) and "result" (result_buffer).
+    fusion.py), "work" (flat_work's copy of an input) and "result" (result_buffer). Copies up
+    from them run on the GPU after the host has moved on, so the host first waits for the
+    thread's last one: no buffer is handed out (or let go) while a copy may still read it.
     """
+    if getattr(_pinned, "pending", False):
+        _pinned.uploaded.synchronize()
+        _pinned.pending = False
     cache = getattr(_pinned, "buffers", None)
     if cache is None:
         cache = _pinned.buffers = {}
     key = (role, dtype.str, dtype.name)
     held = cache.get(key)
-    if held is None or held.array.size < count:
-        if held is not None:
-            held.writable()  # (its memory goes back to CuPy's pinned pool, which may reuse it)
+    if held is None or held.size < count:
         memory = xp.cuda.alloc_pinned_memory(max(count, 1) * dtype.itemsize)
-        held = cache[key] = _Pinned(np.frombuffer(memory, dtype=dtype, count=max(count, 1)))
-    return held.writable()[:count]
+        held = cache[key] = np.frombuffer(memory, dtype=dtype, count=max(count, 1))
+    return held[:count]
+
+
+def _queued_up(xp) -> None:
+    """Record the event after the copy up to the GPU just queued on the current stream."""
+    if getattr(_pinned, "uploaded", None) is None:
+        _pinned.uploaded = xp.cuda.Event(block=False, disable_timing=True)
+    _pinned.uploaded.record()
+    _pinned.pending = True
 
 
 def result_buffer(module, xp, count: int, dtype):
@@ -162,31 +157,18 @@ def _to_device(host, xp, into=None):
     shape), else into a new one; return the GPU array.
 
     The copy is queued on the current stream (CuPy's `set`), so the host does not wait for it;
-    where `host` is one of the pinned buffers, its event tells host_scratch when it may be
-    written again."""
+    host_scratch does, before the pinned buffers are written again."""
     if into is not None and into.flags.c_contiguous:
         target = into
     else:
         target = xp.empty(host.shape, dtype=host.dtype)
     if host.size:
         target.set(host)
-        _uploaded_from(host, xp)
+        _queued_up(xp)
     if into is not None and target is not into:
         into[...] = target
         return into
     return target
-
-
-def _uploaded_from(host, xp) -> None:
-    """Record, on the pinned buffer that `host` is a view of (if any), the event after the copy
-    up just queued on the current stream."""
-    for held in getattr(_pinned, "buffers", {}).values():
-        if np.may_share_memory(held.array, host):
-            if held.uploaded is None:
-                held.uploaded = xp.cuda.Event(block=False, disable_timing=True)
-            held.uploaded.record()
-            held.pending = True
-            return
 
 
 # A staged all-reduce of at least two of these moves in pieces of this many bytes (fusion.py).
@@ -221,7 +203,7 @@ def through_host_in_pieces(source, target, xp, move) -> None:
         event.synchronize()
         move(host[start:stop])
         target[start:stop].set(host[start:stop])
-    _uploaded_from(host, xp)
+    _queued_up(xp)
 
 
 def deliver(buf, array, xp, inplace: bool, shape=None, factor: float = 1.0):

@@ -30,7 +30,7 @@ def fresh_buffers():
 
 
 def _is_pinned(array) -> bool:
-    return any(np.may_share_memory(held.array, array) for held in staging._pinned.buffers.values())
+    return any(np.may_share_memory(held, array) for held in staging._pinned.buffers.values())
 
 
 def test_an_input_goes_down_into_the_reused_pinned_work_buffer():
