@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Callable, Optional
 
 import numpy as np
+from mpi4py import MPI
 
 from .buffers import DTYPE_NAMES
 from .exceptions import HorovodLiteError, MismatchError
@@ -33,6 +34,7 @@ __all__ = [
     "agree",
     "all_agree",
     "array_fields",
+    "bind",
     "describe",
     "digest",
     "error_text",
@@ -43,6 +45,7 @@ __all__ = [
     "joined_fields",
     "mismatch_message",
     "post_joined",
+    "release",
     "same_everywhere",
 ]
 
@@ -74,7 +77,11 @@ def inline_bytes(size: int) -> int:
 
 
 class _Records:
-    """The send record and every rank's records for one group size, reused call after call."""
+    """The send record and every rank's records for one group size, reused call after call.
+
+    `check` is their persistent all-gather on the communicator they are bound to (bind()), else
+    None: each check then posts an all-gather of its own.
+    """
 
     def __init__(self, size: int):
         words = 2 + inline_bytes(size) // 8
@@ -82,27 +89,74 @@ class _Records:
         self.everyone = np.empty((size, words), dtype=np.int64)
         self.digests = self.everyone[:, 0]
         self.payloads = self.everyone[:, 1]
+        self.check: Optional[MPI.Prequest] = None
+        self._views: dict = {}
 
     def views(self, dtype, shape: tuple) -> tuple:
-        """Return (this rank's room as an array of `shape` and `dtype`, every rank's room flat)."""
-        count = math.prod(shape)
-        room = self.own[2:].view(dtype)[:count].reshape(shape)
-        return room, tuple(self.everyone[:, 2:].view(dtype)[:, :count])
+        """Return (this rank's room as an array of `shape` and `dtype`, every rank's room flat),
+        made once: a small all-reduce is bound by latency, and making numpy views costs about
+        as much as MPICH's whole call."""
+        found = self._views.get((dtype, shape))
+        if found is None:
+            if len(self._views) > 256:
+                self._views.clear()
+            count = math.prod(shape)
+            room = self.own[2:].view(dtype)[:count].reshape(shape)
+            rows = tuple(self.everyone[:, 2:].view(dtype)[:, :count])
+            found = self._views[(dtype, shape)] = (room, rows)
+        return found
+
+    def gather(self, comm) -> MPI.Request:
+        """Start gathering every rank's record on `comm`; return the request to wait for."""
+        if self.check is None:
+            return comm.Iallgather(self.own, self.everyone)
+        self.check.Start()
+        return self.check
 
 
-# Per thread, as calls may come from any thread: {group size: _Records} and
-# {(group size, dtype, shape): (_Records, room, rows)}. A small all-reduce is bound by latency,
-# and making numpy views costs about as much as MPICH's whole call, so views are made once.
+# The records of the communicators bound by bind(), by handle. Any other communicator's checks
+# use records per thread and group size, as calls may come from any thread.
+_bound: dict = {}
 _local = threading.local()
 
 
-def _records_for(size: int) -> _Records:
+def bind(comm) -> None:
+    """Make every check on `comm` start one persistent all-gather, set up here, where an
+    all-gather posted per check costs twice as long (MPI 4's persistent collectives; figures:
+    docs/benchmarks.md, "Figures behind the code's constants").
+
+    Collective: every rank binds `comm` right after making it, and calls release(comm) before
+    freeing it. On `comm` one check runs at a time, as MPI's collective order already asks. An
+    MPI library without persistent collectives keeps an all-gather per check.
+    """
+    if comm.size == 1:
+        return
+    records = _Records(comm.size)
+    try:
+        records.check = comm.Allgather_init(records.own, records.everyone)
+    except NotImplementedError:
+        return
+    _bound[comm.handle] = records
+
+
+def release(comm) -> None:
+    """Undo bind(comm), before `comm` is freed. A check that failed and is still posted is left
+    as it is (MPI cannot free it; the job is being torn down: waiting.teardown_later)."""
+    records = _bound.pop(comm.handle, None)
+    if records is not None and records.check.Test():
+        records.check.Free()
+
+
+def _records(comm) -> _Records:
+    records = _bound.get(comm.handle)
+    if records is not None:
+        return records
     by_size = getattr(_local, "records", None)
     if by_size is None:
         by_size = _local.records = {}
-    records = by_size.get(size)
+    records = by_size.get(comm.size)
     if records is None:
-        records = by_size[size] = _Records(size)
+        records = by_size[comm.size] = _Records(comm.size)
     return records
 
 
@@ -115,10 +169,10 @@ def exchange(comm, own: int, payload: int = 0, wait: Wait = default_wait) -> tup
     """Gather every rank's digest and payload; return (digests, payloads), lists in rank order."""
     if comm.size == 1:  # nobody to disagree with: no message (a set of one, or a one-rank job)
         return [own], [payload]
-    records = _records_for(comm.size)
+    records = _records(comm)
     records.own[0] = own
     records.own[1] = payload
-    wait(comm.Iallgather(records.own, records.everyone))
+    wait(records.gather(comm))
     return records.digests.tolist(), records.payloads.tolist()
 
 
@@ -127,24 +181,16 @@ def exchange_with_data(comm, own: int, data: np.ndarray, wait: Wait = default_wa
 
     Returns:
         a tuple of every rank's data, flat, in rank order, or None if the digests differ.
-        The arrays are reused by the next exchange on this thread: read them before then.
+        The arrays are reused by the next exchange on `comm` (or on this thread, where `comm` is
+        not bound): read them before then.
     """
     if comm.size == 1:
         return (data.reshape(-1),) if own != FAILED else None
-    key = (comm.size, data.dtype, data.shape)
-    views = getattr(_local, "views", None)
-    if views is None:
-        views = _local.views = {}
-    found = views.get(key)
-    if found is None:
-        if len(views) > 256:
-            views.clear()
-        records = _records_for(comm.size)
-        found = views[key] = (records, *records.views(data.dtype, data.shape))
-    records, room, rows = found
+    records = _records(comm)
+    room, rows = records.views(data.dtype, data.shape)
     room[...] = data
     records.own[0] = own
-    wait(comm.Iallgather(records.own, records.everyone))
+    wait(records.gather(comm))
     return rows if all_agree(records.digests.tolist()) else None
 
 
@@ -306,11 +352,14 @@ _JOINED_INFO = "joined"  # what a joined rank sends where others send their fiel
 def post_joined(comm) -> tuple:
     """Post a joined rank's part of the next check on `comm`; return (request, records).
 
-    The records are this call's own, as a joined rank waits on several communicators at once.
+    The records are `comm`'s bound ones, whose persistent all-gather the other ranks' checks
+    start (MPI matches a persistent collective only with its like), else this call's own, as a
+    joined rank waits on several communicators at once.
     """
-    records = _Records(comm.size)
+    records = _bound.get(comm.handle) or _Records(comm.size)
+    records.own[:] = 0
     records.own[0] = JOINED
-    return comm.Iallgather(records.own, records.everyone), records
+    return records.gather(comm), records
 
 
 def joined_fields(comm):

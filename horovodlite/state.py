@@ -9,6 +9,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from mpi4py import MPI
 
+from . import agreement
 from .config import Settings
 from .exceptions import NotInitializedError
 from .hosts import cores_per_rank
@@ -50,7 +51,7 @@ class ProcessSetRegistry:
 
     def __init__(self, world: MPI.Comm):
         self._world = world
-        self._sets = {0: ProcessSetComms(tuple(range(world.size)), world, world.Dup())}
+        self._sets = {0: ProcessSetComms(tuple(range(world.size)), world, _bound(world.Dup()))}
         self._next_id = 1
 
     def lookup(self, process_set_id) -> Optional[ProcessSetComms]:
@@ -74,7 +75,7 @@ class ProcessSetRegistry:
         member = comm != MPI.COMM_NULL
         process_set_id, self._next_id = self._next_id, self._next_id + 1
         self._sets[process_set_id] = ProcessSetComms(
-            tuple(ranks), comm if member else None, comm.Dup() if member else None
+            tuple(ranks), _bound(comm) if member else None, _bound(comm.Dup()) if member else None
         )
         return process_set_id
 
@@ -95,7 +96,19 @@ class ProcessSetRegistry:
 def _free(entry: ProcessSetComms, keep: MPI.Comm) -> None:
     for comm in (entry.comm, entry.engine_comm):
         if comm is not None and comm is not keep:
-            comm.Free()
+            _freed(comm)
+
+
+def _bound(comm: MPI.Comm) -> MPI.Comm:
+    """Return `comm`, its metadata checks bound to one persistent all-gather (agreement.bind):
+    every communicator that carries collectives, as it is made (a collective call)."""
+    agreement.bind(comm)
+    return comm
+
+
+def _freed(comm: MPI.Comm) -> None:
+    agreement.release(comm)
+    comm.Free()
 
 
 class State:
@@ -111,7 +124,7 @@ class State:
 
     def __init__(self, user_comm: MPI.Comm, settings: Settings, generation: int = 0):
         self.settings, self.generation = settings, generation
-        self.comm = user_comm.Dup()
+        self.comm = _bound(user_comm.Dup())
         self.local_comm = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.comm.rank)
         self.cross_comm = self.comm.Split(color=self.local_comm.rank, key=self.comm.rank)
         self.cores_per_rank = cores_per_rank(self.local_comm)
@@ -130,7 +143,7 @@ class State:
         self.process_sets.close()
         self.watch.close()
         for comm in (self.watch.comm, self.cross_comm, self.local_comm, self.comm):
-            comm.Free()
+            _freed(comm)
 
 
 _state: Optional[State] = None

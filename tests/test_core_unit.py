@@ -229,6 +229,35 @@ def test_a_one_rank_check_sends_nothing_and_still_raises_the_ranks_own_error():
         agreement.agree(comm, fields, ValueError("bad root"))
 
 
+def test_checks_are_bound_only_where_mpi_has_persistent_collectives():
+    # bind() leaves a one-rank communicator alone, and one whose MPI library lacks persistent
+    # collectives (mpi4py raises NotImplementedError) keeps an all-gather per check.
+    class Comm:
+        def __init__(self, size, handle, supported):
+            self.size, self.handle, self.supported, self.posted = size, handle, supported, 0
+
+        def Allgather_init(self, own, everyone):
+            if not self.supported:
+                raise NotImplementedError("MPI_Allgather_init")
+            raise AssertionError("never reached in this test")
+
+        def Iallgather(self, own, everyone):
+            self.posted += 1
+            everyone[:] = own
+            return _Done()
+
+    class _Done:
+        def Wait(self):
+            pass
+
+    alone, old_mpi = Comm(1, 101, True), Comm(2, 102, False)
+    agreement.bind(alone)
+    agreement.bind(old_mpi)
+    assert 101 not in agreement._bound and 102 not in agreement._bound
+    assert agreement.exchange(old_mpi, 9, 4) == ([9, 9], [4, 4]) and old_mpi.posted == 1
+    agreement.release(old_mpi)  # (nothing bound: nothing to free)
+
+
 # ---------------------------------------------------------------------------------------------
 # Everything that needs init() says so.
 

@@ -179,6 +179,39 @@ def test_remove_process_set():
     world_still_in_step()
 
 
+def test_every_collective_communicator_has_its_checks_bound():
+    # The checks of every communicator that carries collectives start one persistent all-gather
+    # (agreement.bind); a set's are released with it, before its communicators are freed, so a
+    # handle MPI hands out again is never taken for a bound one.
+    from horovodlite import agreement
+    from horovodlite.state import current
+
+    n = hvd.size()
+    state = current()
+    carriers = [state.comm, state.process_sets.lookup(0).engine_comm]
+    assert all((c.handle in agreement._bound) == (n > 1) for c in carriers)
+    ps = hvd.add_process_set(list(range(n)))
+    entry = state.process_sets.lookup(ps.process_set_id)
+    handles = [entry.comm.handle, entry.engine_comm.handle]
+    assert all((h in agreement._bound) == (n > 1) for h in handles)
+    r = hvd.rank()
+    base = rank_values((5,), np.float64, r, seed=91)
+    for _ in range(3):  # the same persistent request, started again each time
+        out = hvd.allreduce(base, op=hvd.Sum, process_set=ps, name="bound.set")
+        assert_reduced(out, reduce_expected(WORLD.allgather(base), hvd.Sum), hvd.Sum)
+    assert hvd.remove_process_set(ps) is True
+    assert not any(h in agreement._bound for h in handles)
+    # A communicator of the caller's own is not bound: its checks post an all-gather each.
+    own = WORLD.Dup()
+    try:
+        assert own.handle not in agreement._bound
+        digests, payloads = agreement.exchange(own, 42, r)
+        assert digests == [42] * n and payloads == list(range(n))
+    finally:
+        own.Free()
+    world_still_in_step()
+
+
 def test_bad_registrations_fail_on_every_rank():
     n, r = hvd.size(), hvd.rank()
     with pytest.raises(ValueError, match=f"must lie in 0..{n - 1}"):
