@@ -375,32 +375,38 @@ def _tensor_batch(comm, entries: list, span) -> list:
     combined = combined_as(op)
     if len(entries) == 1 and kind.contiguous(first.array):  # reduced where it lies, or
         # straight into its result (one in another layout is joined alone, in its order)
-        out = first.array if first.inplace else kind.copy_of(first.array)
+        tensor, inplace = first.array, first.inplace
+        out, source = (tensor, None) if inplace else (kind.empty_like(tensor), tensor)
+        if prescale != 1.0 and source is not None:
+            kind.flat(out)[...] = kind.flat(source)
+            source = None
         if prescale != 1.0:
             kind.scale(out, prescale)
         with span(f"ALLREDUCE_{transport.name.upper()}"):
-            return [reduce_tensor(kind, transport, comm, out, combined, moves, factor)]
+            return [reduce_tensor(kind, transport, comm, out, source, combined, moves, factor)]
     tensors = [entry.array for entry in entries]
     with span("MEMCPY_IN_FUSION_BUFFER"):
         inplace = [entry.inplace for entry in entries]
         buffer, parts = kind.join(tensors, prescale, reused=all(inplace))
     with span(f"ALLREDUCE_{transport.name.upper()}"):
         if moves:
-            kind.allreduce(transport, comm, buffer, combined)
+            kind.allreduce(transport, comm, buffer, None, combined)
     with span("MEMCPY_OUT_FUSION_BUFFER"):
         return kind.split(buffer, parts, tensors, inplace, factor)
 
 
-def reduce_tensor(kind, transport, comm, tensor, op, moves: bool, factor: float):
-    """Reduce a framework tensor as it is, where it lies, and return it: with `op` (a Sum, Min,
-    Max or Product) where data `moves` (more than one rank, not empty), then times `factor`.
-    The one transfer of the short way (small_allreduce.tensor_allreduce) and of the engine's
-    single tensors; an out-of-place result is a copy of the input made before (copy_of)."""
+def reduce_tensor(kind, transport, comm, out, source, op, moves: bool, factor: float):
+    """Reduce a framework tensor as it is, and return `out`: `source` (or `out` itself, where
+    None) into `out` with `op` (a Sum, Min, Max or Product) where data `moves` (more than one
+    rank, not empty), else `source` copied over; then times `factor`. The one transfer of the
+    short way (small_allreduce.tensor_allreduce) and of the engine's single tensors."""
     if moves:
-        kind.allreduce(transport, comm, tensor, op)
+        kind.allreduce(transport, comm, out, source, op)
+    elif source is not None:  # one rank, or nothing to move: the result is the input
+        kind.flat(out)[...] = kind.flat(source)
     if factor != 1.0:
-        kind.scale(tensor, factor)
-    return tensor
+        kind.scale(out, factor)
+    return out
 
 
 def _through_views(comm, entries: list, span) -> list:

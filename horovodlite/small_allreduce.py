@@ -256,10 +256,8 @@ def tensor_allreduce(tensor, kind: TensorKind, name, inplace: bool, options: dic
         return None
     own, transport, wait, moves, combined, factor = route
     comm = state.comm
-    # The result is made before the check, which then leads straight to the transfer: a copy
-    # of the input, reduced where it lies. Made before the digest goes out, so a rank that
-    # cannot make it (a GPU out of memory) has sent nothing that lets the others start.
-    out = tensor if inplace else kind.copy_of(tensor)
+    # (Made before the check, which then leads straight to the transfer.)
+    out = tensor if inplace else kind.empty_like(tensor)
     if state.settings.check_metadata and not same_everywhere(comm, own, wait):
         dtype, shape, on_host = kind.describe(tensor)
         explain(comm, allreduce_fields(name, Described(dtype, shape), op, 1.0, 1.0, requested,
@@ -270,7 +268,8 @@ def tensor_allreduce(tensor, kind: TensorKind, name, inplace: bool, options: dic
         key = fusion_key(dtype, op, 1.0, 1.0, requested, xp)
         entry = TensorEntry(tensor, kind, dtype, xp, inplace, op, 1.0, 1.0, requested, key)
         return fused_allreduce(comm, [entry])[0]
-    return reduce_tensor(kind, transport, comm, out, combined, moves, factor)
+    source = None if inplace else tensor
+    return reduce_tensor(kind, transport, comm, out, source, combined, moves, factor)
 
 
 def tensors_taken(tensor, kind: TensorKind, memo: dict, settings) -> bool:

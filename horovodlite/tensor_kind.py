@@ -42,10 +42,7 @@ class TensorKind:
         """Return whether `transport` moves these tensors as they are."""
         raise NotImplementedError
 
-    def copy_of(self, tensor):
-        """Return a new tensor holding contiguous `tensor`'s data, laid out alike, on its device
-        (on a GPU, queued on the current stream): an out-of-place result, before it is reduced
-        where it lies."""
+    def empty_like(self, tensor):
         raise NotImplementedError
 
     def new(self, like, count: int):
@@ -68,10 +65,10 @@ class TensorKind:
         gives the same results."""
         raise NotImplementedError
 
-    def allreduce(self, transport, comm, tensor, op) -> None:
-        """Reduce `tensor` where it lies with `op` (a Sum, Min, Max or Product) over `comm`,
-        whose ranks number more than one, on `transport` (one that carries these tensors);
-        `tensor` is contiguous and not empty."""
+    def allreduce(self, transport, comm, out, source, op) -> None:
+        """Reduce `source` (or `out` itself, where None) into `out` with `op` (a Sum, Min, Max
+        or Product) over `comm`, whose ranks number more than one, on `transport` (one that
+        carries these tensors); `out` is contiguous and not empty."""
         raise NotImplementedError
 
     def join(self, tensors: list, prescale: float, reused: bool) -> tuple:

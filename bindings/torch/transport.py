@@ -118,14 +118,17 @@ class TorchTransport(GroupTransport):
         except RuntimeError as exc:
             raise self._failure(exc) from exc
 
-    def allreduce_tensor(self, comm, tensor: torch.Tensor, op) -> None:
-        """Reduce `tensor` where it lies over `comm` (more ranks than one, `tensor` not empty):
-        the short way's transfer (small_allreduce.tensor_allreduce), torch's call on the
-        caller's stream as in `_run`, without the general all-reduce's layers, each of which
-        cost several times its own time beside Gloo on a 2-core host (docs/benchmarks.md)."""
+    def allreduce_tensor(self, comm, out: torch.Tensor, source, op) -> None:
+        """Reduce `source` (copied into `out` first), or `out` itself where `source` is None,
+        into `out` over `comm` (more ranks than one, `out` not empty): the short way's transfer
+        (small_allreduce.tensor_allreduce), torch's call on the caller's stream as in `_run`,
+        without the general all-reduce's layers, each of which cost several times its own time
+        beside Gloo on a 2-core host (docs/benchmarks.md)."""
         group = self.group(comm)
+        if source is not None:
+            out.copy_(source)
         try:
-            group.backend.allreduce([tensor], _ALLREDUCE_OPTIONS[op]).wait()
+            group.backend.allreduce([out], _ALLREDUCE_OPTIONS[op]).wait()
         except RuntimeError as exc:
             raise self._failure(exc) from exc
 

@@ -265,31 +265,6 @@ def test_torch_tensors_travel_as_they_are(no_views, dtype, op):
     assert moved_by_gloo(current().comm)
 
 
-def test_torch_result_is_made_before_the_check(no_views, monkeypatch):
-    # The out-of-place result, a copy of the input reduced where it lies, is made before the
-    # digest goes out: a rank that cannot make it (a GPU out of memory) has sent nothing that
-    # lets the others start the transfer. They wait in the check, where its next call meets them.
-    from horovodlite.torch.tensors import TORCH_TENSORS
-
-    n, r = hvd.size(), hvd.rank()
-    copy_of, failures = TORCH_TENSORS.copy_of, [MemoryError("no room")] * (r == n - 1)
-
-    def failing_once(tensor):
-        if failures:
-            raise failures.pop()
-        return copy_of(tensor)
-
-    monkeypatch.setattr(TORCH_TENSORS, "copy_of", failing_once)
-    base = rank_values((6, 2), np.float32, r, seed=74)
-    x = torch.from_numpy(base.copy())
-    if r == n - 1:
-        with pytest.raises(MemoryError, match="no room"):
-            hvd.torch.allreduce(x, op=hvd.Sum, name="torch.made_first")
-    out = hvd.torch.allreduce(x, op=hvd.Sum, name="torch.made_first")
-    assert_reduced(out.numpy(), reduce_expected(everyone(base), hvd.Sum), hvd.Sum)
-    np.testing.assert_array_equal(x.numpy(), base)
-
-
 def test_torch_scalars_and_empty_tensors_travel_as_they_are(no_views):
     n, r = hvd.size(), hvd.rank()
     scalar = torch.tensor(float(r + 1))
@@ -759,8 +734,8 @@ class StandInKind(TensorKind):
     def carried_by(self, chosen) -> bool:
         return chosen.name == "mpi"
 
-    def copy_of(self, tensor):
-        return StandIn(tensor.a.copy())
+    def empty_like(self, tensor):
+        return StandIn(np.empty_like(tensor.a))
 
     def flat(self, tensor):
         return StandIn(tensor.a.reshape(-1))
@@ -771,10 +746,11 @@ class StandInKind(TensorKind):
     def scales_alike(self, dtype) -> bool:
         return dtype.kind == "f"
 
-    def allreduce(self, chosen, comm, tensor, op) -> None:
-        buf = tensor.a.reshape(-1)
+    def allreduce(self, chosen, comm, out, source, op) -> None:
+        buf = out.a.reshape(-1)
         algorithm = chosen.allreduce_algorithm(None, buf.nbytes, buf.dtype, np, comm)
-        chosen.allreduce(comm, buf, op, np, algorithm, None)
+        source = None if source is None else source.a.reshape(-1)
+        chosen.allreduce(comm, buf, op, np, algorithm, None, source)
 
     def join(self, tensors, prescale: float, reused: bool) -> tuple:
         parts = [StandIn(t.a.reshape(-1)) for t in tensors]
