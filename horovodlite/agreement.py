@@ -121,9 +121,9 @@ _local = threading.local()
 
 
 def bind(comm) -> None:
-    """Make every check on `comm` start one persistent all-gather, set up here, where an
-    all-gather posted per check costs twice as long (MPI 4's persistent collectives; figures:
-    docs/benchmarks.md, "Figures behind the code's constants").
+    """Make every check on `comm` start one persistent all-gather (MPI 4), set up here: an
+    all-gather posted per check costs half as much again (docs/benchmarks.md, "Figures behind
+    the code's constants").
 
     Collective: every rank binds `comm` right after making it, and calls release(comm) before
     freeing it. On `comm` one check runs at a time, as MPI's collective order already asks. An
