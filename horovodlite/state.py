@@ -51,7 +51,7 @@ class ProcessSetRegistry:
 
     def __init__(self, world: MPI.Comm):
         self._world = world
-        self._sets = {0: ProcessSetComms(tuple(range(world.size)), world, _bound(world.Dup()))}
+        self._sets = {0: ProcessSetComms(tuple(range(world.size)), world, world.Dup())}
         self._next_id = 1
 
     def lookup(self, process_set_id) -> Optional[ProcessSetComms]:
@@ -75,7 +75,7 @@ class ProcessSetRegistry:
         member = comm != MPI.COMM_NULL
         process_set_id, self._next_id = self._next_id, self._next_id + 1
         self._sets[process_set_id] = ProcessSetComms(
-            tuple(ranks), _bound(comm) if member else None, _bound(comm.Dup()) if member else None
+            tuple(ranks), _bound(comm) if member else None, comm.Dup() if member else None
         )
         return process_set_id
 
@@ -101,7 +101,8 @@ def _free(entry: ProcessSetComms, keep: MPI.Comm) -> None:
 
 def _bound(comm: MPI.Comm) -> MPI.Comm:
     """Return `comm`, its metadata checks bound to one persistent all-gather (agreement.bind):
-    every communicator that carries collectives, as it is made (a collective call)."""
+    every communicator that carries synchronous collectives, as it is made (a collective call;
+    the engine's agree by their own exchange, negotiation.py)."""
     agreement.bind(comm)
     return comm
 

@@ -180,27 +180,26 @@ def test_remove_process_set():
 
 
 def test_every_collective_communicator_has_its_checks_bound():
-    # The checks of every communicator that carries collectives start one persistent all-gather
-    # (agreement.bind); a set's are released with it, before its communicators are freed, so a
-    # handle MPI hands out again is never taken for a bound one.
+    # The checks of every communicator that carries synchronous collectives start one persistent
+    # all-gather (agreement.bind); a set's are released with it, before its communicators are
+    # freed, so a handle MPI hands out again is never taken for a bound one.
     from horovodlite import agreement
     from horovodlite.state import current
 
     n = hvd.size()
     state = current()
-    carriers = [state.comm, state.process_sets.lookup(0).engine_comm]
-    assert all((c.handle in agreement._bound) == (n > 1) for c in carriers)
+    assert (state.comm.handle in agreement._bound) == (n > 1)
     ps = hvd.add_process_set(list(range(n)))
     entry = state.process_sets.lookup(ps.process_set_id)
-    handles = [entry.comm.handle, entry.engine_comm.handle]
-    assert all((h in agreement._bound) == (n > 1) for h in handles)
+    handle = entry.comm.handle
+    assert (handle in agreement._bound) == (n > 1)
     r = hvd.rank()
     base = rank_values((5,), np.float64, r, seed=91)
     for _ in range(3):  # the same persistent request, started again each time
         out = hvd.allreduce(base, op=hvd.Sum, process_set=ps, name="bound.set")
         assert_reduced(out, reduce_expected(WORLD.allgather(base), hvd.Sum), hvd.Sum)
     assert hvd.remove_process_set(ps) is True
-    assert not any(h in agreement._bound for h in handles)
+    assert handle not in agreement._bound
     # A communicator of the caller's own is not bound: its checks post an all-gather each.
     own = WORLD.Dup()
     try:
