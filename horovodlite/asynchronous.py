@@ -27,7 +27,7 @@ from .collectives import (
     reducescatter_plan,
     repeated_allreduce_plan,
 )
-from .handles import Handle
+from .handles import Handle, Request
 from .joining import join_collectives
 from .ops import ReduceOp
 from .process_sets import global_process_set
@@ -59,8 +59,9 @@ def _engine():
     return _state.current().engine
 
 
-def _submit(plans: list, grouped: bool = False) -> Handle:
-    """Queue `plans` on this rank's engine; return their Handle (a list result if `grouped`)."""
+def _submit(plans: list, grouped: bool = False):
+    """Queue `plans` on this rank's engine; return their handle: a Handle (a list result if
+    `grouped`), or the Request itself of one plan alone."""
     return _engine().submit(plans, grouped)
 
 
@@ -83,8 +84,8 @@ def allreduce_async(
     algorithm=None,
     average=None,
     inplace=False,
-) -> Handle:
-    """Start allreduce() of `tensor` in the background; return a Handle.
+) -> Request:
+    """Start allreduce() of `tensor` in the background; return its handle (a Request).
 
     The arguments are allreduce()'s. synchronize() returns a new array, or `tensor` itself
     with `inplace`, which must not change until then.
@@ -116,8 +117,8 @@ def allreduce_async_(
     process_set=global_process_set,
     algorithm=None,
     average=None,
-) -> Handle:
-    """Start allreduce_() of `tensor` in the background; return a Handle.
+) -> Request:
+    """Start allreduce_() of `tensor` in the background; return its handle (a Request).
 
     As allreduce_async(..., inplace=True): synchronize() writes the result into `tensor` and
     returns it.
@@ -130,8 +131,9 @@ def allreduce_async_(
 
 
 def tensor_allreduce_async(tensor, kind: TensorKind, name, inplace: bool, options: dict):
-    """Start allreduce_async() of a framework's `tensor` as it is; return a Handle, or None
-    where it must go as a numpy or CuPy view (tensor_plans.tensor_allreduce_plan says when).
+    """Start allreduce_async() of a framework's `tensor` as it is; return its handle (a
+    Request), or None where it must go as a numpy or CuPy view (tensor_plans.tensor_allreduce_plan
+    says when).
 
     A binding's way (`kind`: its tensor_kind.TensorKind) where its transport moves its tensors
     without a view: synchronize() returns the framework's tensor, new, or `tensor` itself
@@ -142,9 +144,9 @@ def tensor_allreduce_async(tensor, kind: TensorKind, name, inplace: bool, option
     return None if plan is None else _engine().submit_one(plan)
 
 
-def tensor_plan_async(plan) -> Handle:
+def tensor_plan_async(plan) -> Request:
     """Start a framework tensor's collective as it is (tensor_plans.py: a broadcast, all-gather,
-    all-to-all or reduce-scatter plan) in the background; return a Handle.
+    all-to-all or reduce-scatter plan) in the background; return its handle (a Request).
 
     A binding's way: synchronize() returns the framework's tensor (new, or the input itself
     where the collective writes in place)."""
@@ -247,8 +249,8 @@ def grouped_allreduce_async_(
 # -- data movement ----------------------------------------------------------------------------
 
 
-def allgather_async(tensor, *, name=None, process_set=global_process_set) -> Handle:
-    """Start allgather() of `tensor` in the background; return a Handle.
+def allgather_async(tensor, *, name=None, process_set=global_process_set) -> Request:
+    """Start allgather() of `tensor` in the background; return its handle (a Request).
 
     The arguments are allgather()'s; synchronize() returns the gathered array.
 
@@ -275,8 +277,8 @@ def grouped_allgather_async(tensors, *, name=None, process_set=global_process_se
 
 def broadcast_async(
     tensor, root_rank, *, name=None, process_set=global_process_set, inplace=False
-) -> Handle:
-    """Start broadcast() of `tensor` from global rank `root_rank`; return a Handle.
+) -> Request:
+    """Start broadcast() of `tensor` from global rank `root_rank`; return its handle (a Request).
 
     The arguments are broadcast()'s. synchronize() returns a new array, or `tensor` itself
     with `inplace`.
@@ -289,7 +291,7 @@ def broadcast_async(
     )])  # fmt: skip
 
 
-def broadcast_async_(tensor, root_rank, *, name=None, process_set=global_process_set) -> Handle:
+def broadcast_async_(tensor, root_rank, *, name=None, process_set=global_process_set) -> Request:
     """Start broadcast_(): broadcast_async(..., inplace=True), which overwrites `tensor`."""
     return broadcast_async(tensor, root_rank, name=name, process_set=process_set, inplace=True)
 
@@ -303,8 +305,8 @@ def reducescatter_async(
     postscale_factor=1.0,
     process_set=global_process_set,
     algorithm=None,
-) -> Handle:
-    """Start reducescatter() of `tensor` in the background; return a Handle.
+) -> Request:
+    """Start reducescatter() of `tensor` in the background; return its handle (a Request).
 
     The arguments are reducescatter()'s; synchronize() returns this rank's rows.
 
@@ -344,8 +346,8 @@ def grouped_reducescatter_async(
     ], grouped=True)  # fmt: skip
 
 
-def alltoall_async(tensor, splits=None, *, name=None, process_set=global_process_set) -> Handle:
-    """Start alltoall() of `tensor` in the background; return a Handle.
+def alltoall_async(tensor, splits=None, *, name=None, process_set=global_process_set) -> Request:
+    """Start alltoall() of `tensor` in the background; return its handle (a Request).
 
     The arguments are alltoall()'s; synchronize() returns what it returns (the received array,
     with the received splits when `splits` is given).
@@ -359,12 +361,12 @@ def alltoall_async(tensor, splits=None, *, name=None, process_set=global_process
 # -- waiting, and the calls that meet the synchronous world -----------------------------------
 
 
-def poll(handle: Handle) -> bool:
+def poll(handle) -> bool:
     """Return whether `handle`'s collective has finished."""
     return handle.done()
 
 
-def synchronize(handle: Handle):
+def synchronize(handle):
     """Wait for `handle`'s collective and return its result (or raise its error)."""
     return handle.wait()
 

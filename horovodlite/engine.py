@@ -63,8 +63,8 @@ class Engine:
         self.timeline = None
         self._lock = threading.Lock()
         self._cycled = threading.Condition(self._lock)  # notified as a cycle ends, or at a stop
-        self._finished = Finished()  # where threads wait for results
         self._wakeup = Wakeup(self.comm, state.generation)
+        self._finished = Finished(self._wakeup)  # where threads wait for results
         self._incoming: list = []
         self._in_flight: set = set()
         self._pending: dict = {}  # key -> Request waiting for agreement
@@ -93,8 +93,9 @@ class Engine:
 
     # -- user side ------------------------------------------------------------------------------
 
-    def submit(self, plans: list, grouped: bool = False) -> Handle:
-        """Queue `plans` for the engine thread; return their Handle.
+    def submit(self, plans: list, grouped: bool = False):
+        """Queue `plans` for the engine thread; return their Handle, or the Request itself of
+        one plan alone and not `grouped`.
 
         Raises:
             ValueError: a request of the same name is already in flight on this rank.
@@ -113,17 +114,20 @@ class Engine:
                 raise
             self._incoming += requests
         self._wakeup.set()
-        return Handle(requests, grouped, self._wakeup, self._finished)
+        if len(requests) == 1 and not grouped:
+            return requests[0]  # its own handle, as submit_one's
+        return Handle(requests, grouped, self._finished)
 
-    def submit_one(self, plan) -> Handle:
-        """submit([plan]) with less Python: a backward pass submits each gradient alone."""
+    def submit_one(self, plan) -> Request:
+        """submit([plan]) with less Python: a backward pass submits each gradient alone. The
+        Request is its own handle."""
         with self._lock:
             if self._stopped is not None:
                 raise type(self._stopped)(f"{describe(plan.fields)}: {self._stopped}")
             request = self._request(plan, time.monotonic())
             self._incoming.append(request)
         self._wakeup.set()
-        return Handle([request], False, self._wakeup, self._finished)
+        return request
 
     def _request(self, plan, submitted: float) -> Request:
         """Name `plan` if unnamed and take its name on this rank; return its Request."""
@@ -143,7 +147,7 @@ class Engine:
                 "rank has submitted it), or give each its own name"
             )
         self._in_flight.add(key)
-        return Request(plan, key, submitted)
+        return Request(plan, key, submitted, self._finished)
 
     def begin_join(self) -> None:
         """Join, contributing zeros to all-reduces; return once every engine agreed on it.
@@ -327,11 +331,11 @@ class Engine:
         self.stalls.ran(ready)
         agreed, pending, entries, runs = time.monotonic(), self._pending, self._cache.entries, []
         for key in ready:
-            entry = entries[key]
-            if not entry.member:
-                continue
-            request = pending.pop(key, None)
+            request = pending.pop(key, None)  # (pending here: this rank is a member)
             if joined_ranks or request is None:  # beside joined ranks (join_ledger.py)
+                entry = entries[key]
+                if not entry.member:
+                    continue
                 refusal = refused_beside(entry.fields, entry.ranks, joined_ranks)
                 if refusal is not None:
                     if request is not None:
@@ -387,7 +391,7 @@ class Engine:
     def _finish(self, requests: list, results=None, error=None) -> None:
         """Free the names of `requests`, then hand them their results (or `error`)."""
         with self._lock:
-            self._in_flight.difference_update(request.key for request in requests)
+            self._in_flight.difference_update([request.key for request in requests])
         self._finished.finish(requests, results, error)
 
     def _update_join(self, joined_ranks: set) -> None:

@@ -1,10 +1,12 @@
 """What an asynchronous collective is while it runs: a Request on the engine's side, and the
-Handle the caller holds.
+handle the caller holds: the Request itself where it was submitted alone, else a Handle over
+the requests submitted together (a grouped collective).
 
-A Handle's result is waited for with poll() and synchronize(); asking for it tells the engine
-that somebody waits, so it cycles without delay (wakeup.py). Threads wait on one `Finished`
-per engine, notified once per batch of results: a threading.Event per request cost more to
-create and set than the rest of a small request's bookkeeping (docs/engine.md).
+A handle's result is waited for with done() and wait() (poll() and synchronize()); asking for
+it tells the engine that somebody waits, so it cycles without delay (wakeup.py). Threads wait
+on one `Finished` per engine, notified once per batch of results: a threading.Event per request
+cost more to create and set than the rest of a small request's bookkeeping, and so did a
+Handle object per request (docs/engine.md).
 """
 
 import threading
@@ -18,14 +20,17 @@ __all__ = ["Finished", "Handle", "Request"]
 
 
 class Request:
-    """One submitted collective on this rank, until it finishes."""
+    """One submitted collective on this rank, until it finishes; the handle of one submitted
+    alone."""
 
     __slots__ = ("plan", "key", "_fingerprint", "submitted", "waited", "result", "error",
-                 "finished", "__weakref__")  # fmt: skip
+                 "finished", "_finished", "__weakref__")  # fmt: skip
 
-    def __init__(self, plan: Plan, key: tuple, submitted: float, fingerprint: int = None):
+    def __init__(self, plan: Plan, key: tuple, submitted: float, finished=None,
+                 fingerprint: int = None):  # fmt: skip
         self.plan, self.key, self._fingerprint = plan, key, fingerprint
         self.submitted = submitted  # time.monotonic() at submission
+        self._finished = finished  # the engine's Finished, where its handle waits
         self.waited = None  # when a thread of this rank began to wait for it in synchronize()
         self.result = self.error = None
         self.finished = False
@@ -34,7 +39,7 @@ class Request:
     def zeros(cls, fields: dict, key: tuple, fingerprint: int) -> "Request":
         """Return the all-reduce a joined rank runs in place of one it never submitted."""
         plan = Plan(dict(fields), key[0], None, fusion=zeros_entry(fields))
-        return cls(plan, key, time.monotonic(), fingerprint)
+        return cls(plan, key, time.monotonic(), None, fingerprint)
 
     @property
     def fingerprint(self) -> int:
@@ -55,49 +60,76 @@ class Request:
             return True
         return self.fingerprint == fingerprint
 
+    # -- as its own handle ------------------------------------------------------------------
+
+    def done(self) -> bool:
+        """Return whether the result is ready (wait() will not block)."""
+        if self.finished:
+            return True
+        self._finished.wakeup.flush()  # somebody asks for the result: no need to wait for more
+        return False
+
+    def wait(self):
+        """Block until done; return the result or raise the collective's error."""
+        if not self.finished:
+            self._finished.block((self,))
+        if self.error is not None:
+            raise self.error
+        return self.result
+
 
 class Finished:
-    """Where threads wait for requests: the engine finishes a batch, then notifies once."""
+    """Where threads wait for requests: the engine finishes a batch, then notifies once.
+    `wakeup` is the engine's (wakeup.Wakeup): a waiting thread tells it."""
 
-    def __init__(self):
+    def __init__(self, wakeup):
+        self.wakeup = wakeup
         self._condition = threading.Condition()
 
     def finish(self, requests: list, results=None, error=None) -> None:
         """Give `requests` their `results` (in order) or `error`; wake the waiting threads."""
-        for i, request in enumerate(requests):
-            request.result = None if results is None else results[i]
-            request.error = error
-            request.finished = True
+        if results is not None:
+            for request, result in zip(requests, results):
+                request.result = result
+                request.finished = True
+        else:  # (a Request starts with no result and no error)
+            for request in requests:
+                request.error = error
+                request.finished = True
         with self._condition:  # a waiter tests `finished` under this lock: none misses it
             self._condition.notify_all()
 
-    def wait(self, requests: list) -> None:
-        """Block until every one of `requests` has finished."""
-        with self._condition:
+    def block(self, requests) -> None:
+        """Block until every one of `requests` has finished, telling the engine that somebody
+        waits (it cycles at once)."""
+        now = time.monotonic()
+        for request in requests:
+            request.waited = request.waited or now
+        with self.wakeup.waiting(), self._condition:
             self._condition.wait_for(lambda: all(request.finished for request in requests))
 
 
 class Handle:
-    """The pending result of an asynchronous collective: poll() it, then synchronize() it."""
+    """The pending result of requests submitted together: done() and wait() it (poll() and
+    synchronize()); a list of results where `grouped`."""
 
-    def __init__(self, requests: list, grouped: bool, wakeup, finished: Finished):
-        self._requests, self._grouped = requests, grouped
-        self._wakeup, self._finished = wakeup, finished
+    def __init__(self, requests: list, grouped: bool, finished: Finished):
+        self._requests, self._grouped, self._finished = requests, grouped, finished
 
     def done(self) -> bool:
-        """Return whether the result is ready (synchronize() will not block)."""
+        """Return whether the result is ready (wait() will not block)."""
         for request in self._requests:
             if not request.finished:
-                self._wakeup.flush()  # somebody asks for the result: no need to wait for more
+                self._finished.wakeup.flush()  # somebody asks: no need to wait for more
                 return False
         return True
 
     def wait(self):
         """Block until done; return the result or raise the collective's error."""
         requests = self._requests
-        for request in requests:  # (done(), without its call: a step waits on every gradient)
+        for request in requests:
             if not request.finished:
-                self._block()
+                self._finished.block(requests)
                 break
         for request in requests:
             if request.error is not None:
@@ -105,13 +137,3 @@ class Handle:
         if self._grouped:
             return [request.result for request in requests]
         return requests[0].result
-
-    def _block(self) -> None:
-        """Wait until every request has finished, telling the engine that somebody waits."""
-        if self.done():  # (which flushes otherwise)
-            return
-        now = time.monotonic()
-        for request in self._requests:
-            request.waited = request.waited or now
-        with self._wakeup.waiting():
-            self._finished.wait(self._requests)

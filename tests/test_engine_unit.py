@@ -75,9 +75,10 @@ def test_the_cache_is_cleared_past_its_limit(monkeypatch):
 
 
 def test_results_reach_the_threads_that_wait_for_them():
-    finished, wakeup = Finished(), _Alarm()
+    wakeup = _Alarm()
+    finished = Finished(wakeup)
     requests = [request(f"r{i}") for i in range(3)]
-    handle = Handle(requests, True, wakeup, finished)
+    handle = Handle(requests, True, finished)
     assert not handle.done() and wakeup.flushes == 1
     got = []
     waiter = threading.Thread(target=lambda: got.append(handle.wait()))
@@ -91,7 +92,31 @@ def test_results_reach_the_threads_that_wait_for_them():
     failed = request("bad")
     finished.finish([failed], error=ValueError("no"))
     try:
-        Handle([failed], False, wakeup, finished).wait()
+        Handle([failed], False, finished).wait()
+    except ValueError as exc:
+        assert str(exc) == "no"
+    else:
+        raise AssertionError("the error was not raised")
+
+
+def test_a_request_submitted_alone_is_its_own_handle():
+    wakeup = _Alarm()
+    finished = Finished(wakeup)
+    alone = Request(Plan({"name": "w"}, 0, None), (0, "w"), time.monotonic(), finished)
+    assert not alone.done() and wakeup.flushes == 1  # asking tells the engine
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(alone.wait()))
+    waiter.start()
+    time.sleep(0.05)
+    assert not got and alone.waited is not None  # it blocks, and marks when it began
+    finished.finish([alone], ["result"])
+    waiter.join(timeout=10)
+    assert got == ["result"] and alone.done() and alone.wait() == "result"
+    failed = Request(Plan({"name": "v"}, 0, None), (0, "v"), time.monotonic(), finished)
+    finished.finish([failed], error=ValueError("no"))
+    assert failed.done()
+    try:
+        failed.wait()
     except ValueError as exc:
         assert str(exc) == "no"
     else:

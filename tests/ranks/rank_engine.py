@@ -83,7 +83,7 @@ def allreduce_cases(ranks, process_set, tag: str) -> list:
             handle = call(x, op=hvd.Average, name=name, prescale_factor=0.5,
                           postscale_factor=3.0, process_set=process_set)  # fmt: skip
             if inplace:
-                handle.inplace = x
+                handle = InPlace(handle, x)
             return handle
 
         def check(out):
@@ -100,7 +100,7 @@ def allreduce_cases(ranks, process_set, tag: str) -> list:
             call = hvd.grouped_allreduce_async_ if inplace else hvd.grouped_allreduce_async
             handle = call(xs, op=hvd.Sum, name=name, process_set=process_set)
             if inplace:
-                handle.inplace = xs
+                handle = InPlace(handle, xs)
             return handle
 
         def check(outs, shapes=shapes):
@@ -155,7 +155,7 @@ def data_cases(ranks, process_set, tag: str) -> list:
             call = hvd.broadcast_async_ if inplace else hvd.broadcast_async
             handle = call(x, root, name=name, process_set=process_set)
             if inplace:
-                handle.inplace = x
+                handle = InPlace(handle, x)
             return handle
 
         def check(out, root=root):
@@ -224,6 +224,13 @@ def data_cases(ranks, process_set, tag: str) -> list:
     return cases
 
 
+class InPlace:
+    """A handle of an in-place form, with the inputs its result must be."""
+
+    def __init__(self, handle, inputs):
+        self.handle, self.inputs = handle, inputs
+
+
 def run_shuffled(cases: list, seed: int) -> None:
     """Submit `cases` in a random order (different on every rank) from THREADS threads, then
     synchronize them in another random order and check every result."""
@@ -250,13 +257,15 @@ def run_shuffled(cases: list, seed: int) -> None:
     for i in rng.permutation(len(cases)):
         name, _, check = cases[i]
         handle = handles[name]
+        inplace = handle.inputs if type(handle) is InPlace else None
+        handle = handle.handle if inplace is not None else handle
         result = hvd.synchronize(handle)
         assert hvd.poll(handle)
-        if hasattr(handle, "inplace"):  # in-place forms return their inputs
+        if inplace is not None:  # in-place forms return their inputs
             if isinstance(result, list):
-                assert all(r is x for r, x in zip(result, handle.inplace)), name
+                assert all(r is x for r, x in zip(result, inplace)), name
             else:
-                assert result is handle.inplace, name
+                assert result is inplace, name
         try:
             check(result)
         except AssertionError as exc:
@@ -608,12 +617,12 @@ def test_a_dropped_handle_holds_neither_its_name_nor_its_result():
     x = rank_values((1000,), np.float64, hvd.rank(), 7)
     handle = hvd.allreduce_async(x, op=hvd.Sum, name="dropped")
     wait_until_finished(handle)
-    result, request = weakref.ref(handle._requests[0].result), weakref.ref(handle._requests[0])
+    result, request = weakref.ref(handle.result), weakref.ref(handle)  # (its own handle)
     del handle
     gc.collect()
     assert result() is None and request() is None
     # Dropped before it finished: the engine keeps it until then, and not after.
-    request = weakref.ref(hvd.allreduce_async(x, op=hvd.Sum, name="dropped")._requests[0])
+    request = weakref.ref(hvd.allreduce_async(x, op=hvd.Sum, name="dropped"))
     hvd.barrier()  # every rank submitted it before: it has finished here
     gc.collect()
     assert request() is None
@@ -729,9 +738,9 @@ def test_without_overlap_requests_nobody_waits_for_still_run():
         x = np.full(3, float(hvd.rank()))
         handle = hvd.allreduce_async(x, op=hvd.Sum, name="unwaited")
         deadline = time.monotonic() + 60  # a guard against a hang only
-        while not handle._requests[0].finished and time.monotonic() < deadline:
+        while not handle.finished and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert handle._requests[0].finished, "a request nobody waited for never ran"
+        assert handle.finished, "a request nobody waited for never ran"
         n = hvd.size()
         np.testing.assert_array_equal(hvd.synchronize(handle), np.full(3, n * (n - 1) / 2))
     finally:
@@ -889,7 +898,7 @@ def test_a_cached_name_sent_with_other_metadata_raises_on_every_rank():
 def test_unnamed_requests_of_one_template_get_names_of_their_own():
     n = hvd.size()
     handles = [hvd.allreduce_async(np.full(2, float(i)), op=hvd.Sum) for i in range(3)]
-    names = [handle._requests[0].key[1] for handle in handles]
+    names = [handle.key[1] for handle in handles]  # (each its own Request)
     assert len(set(names)) == 3 and all(".noname." in name for name in names)
     for i, handle in enumerate(handles):
         np.testing.assert_array_equal(hvd.synchronize(handle), np.full(2, float(n * i)))
