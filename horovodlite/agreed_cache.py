@@ -65,23 +65,20 @@ class AgreedCache:
         yet (or holds it with other fields). Set from `pending` and one copy of the membership
         bytes, with no Python loop over the cache.
         """
-        if joined:
-            mine = np.ones(len(self._keys), dtype=np.uint8)
-        else:
-            mine = np.frombuffer(self._not_member, dtype=np.uint8).copy()
-        have, changed, uncached = [], [], False
+        # (Bytes set one by one, then viewed as an array: no index lists for numpy to convert.)
+        mine = bytearray(b"\x01" * len(self._keys)) if joined else self._not_member[:]
+        uncached = changed = False
         entries = self.entries
         for key, request in pending.items():
             entry = entries.get(key)
             if entry is None:
                 uncached = True
             elif request.matches(entry.fields, entry.fingerprint):
-                have.append(entry.index)
+                mine[entry.index] = 2
             else:
-                changed.append(entry.index)
-        mine[have] = 2
-        mine[changed] = 0
-        return mine, not (uncached or changed)
+                mine[entry.index] = 0
+                changed = True
+        return np.frombuffer(mine, dtype=np.uint8), not (uncached or changed)
 
     def ready(self, lowest: np.ndarray, highest: np.ndarray) -> list:
         """Return the keys that every member holds: MIN > 0 and MAX 2 at their positions."""

@@ -218,23 +218,27 @@ def lay_out(entries: list, xp, module, takes_pieces: bool, takes_source: bool = 
     on_device = module is xp
     groups = _piece_groups(entries) if takes_pieces else [entries]
     own = [adjacent_span(group) if on_device else None for group in groups]
-    buffered = [e for group, mine in zip(groups, own) if mine is None for e in group]
-    buffer = _buffer(buffered, xp, module)
-    pieces, offsets, offset = [], [], 0
+    if len(groups) == 1 and own[0] is None:
+        buffered = entries  # the common case, a batch of small arrays: all copied in
+    else:
+        buffered = [e for group, mine in zip(groups, own) if mine is None for e in group]
+    # Where each buffered entry starts in the buffer; the last is the buffer's size.
+    starts = list(itertools.accumulate((entry.array.size for entry in buffered), initial=0))
+    buffer = _buffer(buffered, starts[-1], xp, module)
+    pieces, offsets, done = [], [], 0  # (done: buffered entries placed so far)
     for group, mine in zip(groups, own):
         if mine is not None:
             pieces.append(mine)
             offsets += [None] * len(group)
             continue
-        start = offset
-        for entry in group:
-            offsets.append(offset)
-            offset += entry.array.size
-        pieces.append(buffer[start:offset])
-    copy_back = [
-        start is not None and (entry.inplace or not on_device)
-        for entry, start in zip(entries, offsets)
-    ]
+        end = done + len(group)
+        pieces.append(buffer[starts[done] : starts[end]])
+        offsets += starts[done:end]
+        done = end
+    if on_device:  # out-of-place results are views of the buffer, in-place ones copied back
+        copy_back = [start is not None and entry.inplace for entry, start in zip(entries, offsets)]
+    else:
+        copy_back = [start is not None for start in offsets]
     return Layout(
         pieces,
         [mine is not None for mine in own],
@@ -258,15 +262,14 @@ def _lay_out_one(entry: FusionEntry, xp, module, takes_source: bool) -> Layout:
             if array.flags.c_contiguous:
                 result = new_array(module, array.size, array.dtype)
                 return Layout([result], [False], result, [], [0], [False], array.reshape(-1))
-    buffer = _buffer([entry], xp, module)
+    buffer = _buffer([entry], array.size, xp, module)
     back = entry.inplace or not on_device
     return Layout([buffer], [False], buffer, [entry], [0], [back], None, back)
 
 
-def _buffer(buffered: list, xp, module):
-    """Return the fusion buffer for the `buffered` entries, of `module`."""
+def _buffer(buffered: list, total: int, xp, module):
+    """Return the fusion buffer for the `buffered` entries, `total` elements of `module`."""
     dtype = buffered[0].array.dtype if buffered else np.dtype(np.uint8)
-    total = sum(entry.array.size for entry in buffered)
     if module is not xp:
         return host_scratch(xp, dtype, total)  # staged results are copied back to the GPU
     if any(not entry.inplace for entry in buffered):

@@ -315,12 +315,16 @@ def hand_back(entries: list, layout, module, factor: float, span) -> list:
     itself, a view of the layout's buffer, or a copy back into it (`factor` on the way), on
     arrays of `module`; `span(phase)` times the copies (the timeline)."""
     buffer, offsets, copy_back = layout.buffer, layout.offsets, layout.copy_back
-    if not any(copy_back):
-        return [
-            entry.array if start is None else _shaped(buffer[start : start + entry.array.size],
-                                                      entry.array)  # fmt: skip
-            for entry, start in zip(entries, offsets)
-        ]
+    if not any(copy_back):  # (one loop, no call a result: a batch may hold 200 small ones)
+        results = []
+        for entry, start in zip(entries, offsets):
+            array = entry.array
+            if start is None:
+                results.append(array)
+                continue
+            part = buffer[start : start + array.size]
+            results.append(part if array.ndim == 1 else part.reshape(array.shape))
+        return results
     with span("MEMCPY_OUT_FUSION_BUFFER"):
         together = module is not np and _delivered_together(entries, layout, module, factor)
         results = []
