@@ -15,7 +15,10 @@ that background load hits all alike (issue #38):
   * mpi one buffer:   mpi4py's Allreduce on all of them already in one buffer: the floor.
 The names are the same every step, as a training loop's are. Each timed step starts after a
 barrier and counts the slowest rank; besides, rank 0's time to submit (the slower thread) and to
-wait, and the engine's cycles per step. Medians over `--repeats`.
+wait, and the engine's cycles per step. Medians over `--repeats`, after `--warmup` untimed
+rounds of every contender: on the 2-core machine the first steps of a job ran 1.5-3.5x slower,
+some jobs for five or more rounds (its threads badly placed until the scheduler settles), and
+pulled the median of 11 up in about a third of the jobs (docs/benchmarks.md, stop 57).
 
 With --profile N the worker instead runs N steps of "async, 2 threads" under cProfile on rank 0
 (the submitting threads and the engine thread each profiled on their own) and prints the top of
@@ -145,7 +148,7 @@ def contenders(hvd, submitters: Submitters, arrays: list, names: list, phases: d
     }
 
 
-def measure(hvd, engine, submitters, values: int, count: int, repeats: int) -> dict:
+def measure(hvd, engine, submitters, values: int, count: int, repeats: int, warmup: int) -> dict:
     rng = np.random.default_rng(hvd.rank())
     arrays = [rng.standard_normal(values).astype(np.float32) for _ in range(count)]
     names = [f"small.{values}.{i}" for i in range(count)]
@@ -154,6 +157,9 @@ def measure(hvd, engine, submitters, values: int, count: int, repeats: int) -> d
     expected = np.concatenate(steps["one sync each"]())
     for name in CONTENDERS:  # the contenders compute the same thing; also fills the cache
         np.testing.assert_allclose(np.concatenate(steps[name]()), expected, rtol=1e-6, err_msg=name)
+    for _ in range(warmup):
+        for name in CONTENDERS:
+            timed(hvd, steps[name])
     times, cycles, submit, wait = ({name: [] for name in CONTENDERS} for _ in range(4))
     for _ in range(repeats):
         for name in CONTENDERS:
@@ -225,7 +231,8 @@ def worker(args) -> None:
             profile(hvd, engine, submitters, args.values[-1], args.count, args.profile)
             return
         result = {"ranks": hvd.size(), "count": args.count,
-                  "sizes": {str(v): measure(hvd, engine, submitters, v, args.count, args.repeats)
+                  "sizes": {str(v): measure(hvd, engine, submitters, v, args.count, args.repeats,
+                                             args.warmup)
                             for v in args.values}}  # fmt: skip
         if hvd.rank() == 0:
             print("RESULT " + json.dumps(result), flush=True)
@@ -237,7 +244,8 @@ def launch(args) -> list:
     results = []
     for np_ in args.np:
         command = [sys.executable, os.path.abspath(__file__), "--worker",
-                   "--repeats", str(args.repeats), "--count", str(args.count),
+                   "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+                   "--count", str(args.count),
                    "--values", ",".join(map(str, args.values))]  # fmt: skip
         print(f"$ {np_} ranks: {' '.join(command)}", file=sys.stderr, flush=True)
         load = os.getloadavg()
@@ -273,6 +281,7 @@ def main() -> None:
                         default=[256, 1024], help="float32 values per array")  # fmt: skip
     parser.add_argument("--count", type=int, default=200, help="arrays per step")
     parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--warmup", type=int, default=5, help="untimed rounds of every contender")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="with --worker: profile this many async steps on rank 0")  # fmt: skip
     parser.add_argument("--out", default=os.path.join(HERE, "results", "engine_requests.json"))
