@@ -9,7 +9,12 @@ sleep they end, the same on every rank since every rank sleeps after the same cy
 that arrives after its sleep has ended is ignored instead of ending the next one.
 
 A sleeping engine tests for notes with a back-off up to 2 ms (20 ms after a second of sleep), so
-an idle job costs a fraction of a percent of a core per rank.
+an idle job costs a fraction of a percent of a core per rank. Each test takes the GIL and MPI
+from the rank's other threads, and where a rank has one core it costs a thread that computes or
+runs synchronous collectives tens of µs (measured: docs/engine.md). So the back-off starts at
+100 µs only where a note from another rank ended the last sleep (a rank with no work of its
+own, which others wait for: a process set's non-members, say); an engine whose own work woke it
+(all ranks submit, as in data-parallel training) tests every 2 ms from the start.
 
 An awake engine cycles once per cycle time, so that requests submitted meanwhile (a backward
 pass's gradients) are negotiated and fused together rather than one cycle each. A submission
@@ -40,7 +45,7 @@ __all__ = [
 ]
 
 _TAG = 91
-_FIRST_POLL, _MAX_POLL, _LONG_POLL = 100e-6, 2e-3, 20e-3
+_FIRST_POLL, _MAX_POLL, _LONG_POLL = 100e-6, 2e-3, 20e-3  # (_FIRST_POLL: after a note woke us)
 _LONG_SLEEP = 1.0  # seconds asleep after which notes are tested less often
 # A rank without a spare core gathers requests nobody waits for while more keep coming (a
 # backward pass, a loop of *_async calls), until QUIET passes without a new one or the oldest
@@ -100,6 +105,7 @@ class Wakeup:
         self._waiters = 0  # threads blocked in synchronize() now
         self._inbox = Inbox(comm, _TAG, 2)  # notes: the sleep it ends, the init's number
         self.sleeps = 0  # sleeps so far; the engines start asleep, in sleep 0
+        self.noted = True  # whether another rank's note ended the last sleep (see the module)
 
     def set(self) -> None:
         """Wake this rank's engine if it sleeps: work was submitted."""
@@ -150,14 +156,16 @@ class Wakeup:
 
     def sleep(self) -> None:
         """Sleep until this rank has work (then wake the others) or another rank wakes us."""
-        poll, start = _FIRST_POLL, time.monotonic()
+        poll, start = _FIRST_POLL if self.noted else _MAX_POLL, time.monotonic()
         while True:
             if self._work.wait(poll):
                 self._work.clear()
                 self._woken_by_another()  # read the notes that came: unread ones pile up
                 self._wake_others()
+                self.noted = False
                 break
             if self._woken_by_another():
+                self.noted = True
                 break
             longest = _MAX_POLL if time.monotonic() - start < _LONG_SLEEP else _LONG_POLL
             poll = min(2 * poll, longest)
