@@ -17,20 +17,28 @@ join() and barrier() live here because they meet both worlds: the synchronous co
 other ranks, and this rank's engine.
 """
 
+from typing import Optional
+
+import numpy as np
+
 from . import collectives
 from . import state as _state
+from .buffers import array_module, is_cupy_array
+from .checks import set_id
 from .collectives import (
     allgather_plan,
     allreduce_plan,
     alltoall_plan,
     broadcast_plan,
     reducescatter_plan,
-    repeated_allreduce_plan,
+    template_key,
 )
+from .fusion import FusionEntry
 from .handles import Handle, Request
 from .joining import join_collectives
 from .ops import ReduceOp
-from .process_sets import global_process_set
+from .plan import Plan, templates
+from .process_sets import communicator, global_process_set
 from .tensor_kind import TensorKind
 from .tensor_plans import tensor_allgather_plan, tensor_allreduce_plan, tensor_reducescatter_plan
 
@@ -71,6 +79,63 @@ def _member_names(name, count: int) -> list:
 
 
 # -- all-reduce -------------------------------------------------------------------------------
+
+
+def repeated_allreduce_plan(
+    tensor, op, name, prescale_factor, postscale_factor, process_set, algorithm, inplace
+) -> Optional[Plan]:
+    """Return allreduce_plan() of these arguments (`average` None) with the least work, where an
+    earlier call with the same arguments, dtype and shape left its template (plan.templates);
+    else None, and allreduce_plan() builds the plan (and finds any error).
+
+    The asynchronous all-reduce's way: a backward pass submits every gradient this way, every
+    step. It takes numpy and CuPy arrays as they are (no conversion to try) and builds no inline
+    route, which only the blocking call takes (docs/engine.md). As tensor_plans' key does, the
+    process set itself stands for its size in the key, and the global set's communicator is
+    kept in the template (with the state it belongs to): a repeated call looks up no set.
+    """
+    if type(tensor) is np.ndarray:
+        xp = np
+    elif is_cupy_array(tensor):
+        xp = array_module(tensor)
+    else:
+        return None  # (anything else is viewed as an array first: allreduce_plan)
+    key = template_key(name, op, prescale_factor, postscale_factor, algorithm, inplace,
+                       process_set, tensor, xp)  # fmt: skip
+    if key is None:
+        return None
+    state = _state.current()
+    memo = templates(state.settings)
+    template = memo.get(key)
+    if template is None or template[-1] is not state:
+        template = _repeated_template(state, tensor, xp, key, process_set)
+        if template is None:
+            return None
+        memo[key] = template
+    if inplace and not getattr(tensor.flags, "writeable", True):
+        return None
+    resolved, requested, fields, fusion, comm, ranks, _ = template
+    if comm is None:  # another set than the global one: looked up on every call, as it may go
+        comm, ranks = communicator(process_set)
+    entry = FusionEntry(tensor, xp, inplace, resolved, prescale_factor, postscale_factor,
+                        requested, fusion)  # fmt: skip
+    return Plan(fields, set_id(process_set), comm, ranks, None, None, entry, entry, None)
+
+
+def _repeated_template(state, array, xp, key: tuple, process_set) -> Optional[tuple]:
+    """Return (op, requested algorithm, fields, fusion key, communicator, global ranks, state)
+    for repeated_allreduce_plan's `key`, from the template the general way left under the
+    set's size (None where there is none yet); communicator and ranks None for a set other
+    than the global one."""
+    comm, ranks = communicator(process_set)  # (raises for a set that is gone, as both ways do)
+    by_size = (*key[:6], comm.size, *key[7:])
+    general = templates(state.settings).get(by_size)
+    if general is None:
+        return None
+    resolved, requested, fields, _, fusion = general
+    if process_set is not global_process_set:
+        comm = ranks = None
+    return resolved, requested, fields, fusion, comm, ranks, state
 
 
 def allreduce_async(

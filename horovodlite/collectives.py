@@ -16,7 +16,6 @@ import numpy as np
 from . import algorithms, small_allreduce
 from .agreement import array_fields, digest
 from .algorithms.scratch import chunk_bounds
-from .buffers import array_module, is_cupy_array
 from .checks import (
     check_gathered_rows,
     check_reduction,
@@ -134,36 +133,6 @@ def allreduce_plan(
             inline = _inline_route(fields, array, resolved, inplace, ranks)
     return Plan(fields, set_id(process_set), comm, ranks, error, execute=entry, fusion=entry,
                 inline=inline)  # fmt: skip
-
-
-def repeated_allreduce_plan(
-    tensor, op, name, prescale_factor, postscale_factor, process_set, algorithm, inplace
-) -> Optional[Plan]:
-    """Return allreduce_plan() of these arguments (`average` None) with the least work, where an
-    earlier call with the same arguments, dtype and shape left its template (plan.templates);
-    else None, and allreduce_plan() builds the plan (and finds any error).
-
-    The asynchronous all-reduce's way: a backward pass submits every gradient this way, every
-    step. It takes numpy and CuPy arrays as they are (no conversion to try) and builds no inline
-    route, which only the blocking call takes (docs/engine.md). It is _templated_plan's work
-    written out, two calls fewer a gradient.
-    """
-    if type(tensor) is np.ndarray:
-        xp = np
-    elif is_cupy_array(tensor):
-        xp = array_module(tensor)
-    else:
-        return None  # (anything else is viewed as an array first: allreduce_plan)
-    comm, ranks = communicator(process_set)
-    key = template_key(name, op, prescale_factor, postscale_factor, algorithm, inplace,
-                       comm.size, tensor, xp)  # fmt: skip
-    template = None if key is None else templates(current().settings).get(key)
-    if template is None or (inplace and not getattr(tensor.flags, "writeable", True)):
-        return None
-    resolved, requested, fields, _, fusion = template
-    entry = FusionEntry(tensor, xp, inplace, resolved, prescale_factor, postscale_factor,
-                        requested, fusion)  # fmt: skip
-    return Plan(fields, set_id(process_set), comm, ranks, None, None, entry, entry, None)
 
 
 # A training loop repeats each all-reduce: what follows from plain arguments, the array's dtype

@@ -28,7 +28,8 @@ from oracle import (
 import horovodlite as hvd
 from horovodlite import fusion
 from horovodlite.algorithms.pieces import Pieces
-from horovodlite.collectives import allreduce_plan, repeated_allreduce_plan
+from horovodlite.asynchronous import repeated_allreduce_plan
+from horovodlite.collectives import allreduce_plan
 from horovodlite.fusion import adjacent_span
 from horovodlite.wakeup import GATHER_ONE_HOST
 
@@ -828,6 +829,7 @@ def test_a_repeated_async_allreduce_takes_the_short_way_only_where_a_template_co
     plan, general = short(x), allreduce_plan(x, name="repeat.w")
     assert plan.fields is general.fields and plan.process_set_id == general.process_set_id
     assert plan.fusion.key == general.fusion.key and plan.fusion.array is x
+    assert plan.comm is general.comm and plan.ranks == general.ranks  # (the global set's, kept)
     assert_reduced(hvd.synchronize(hvd.allreduce_async(x, name="repeat.w")), want, hvd.Average)
     # Not covered: another shape or dtype, a prescale that is no float (it may equal 1.0), an
     # array subclass, in place (its own template), a read-only array in place.
@@ -848,6 +850,8 @@ def test_a_repeated_async_allreduce_takes_the_short_way_only_where_a_template_co
     hvd.remove_process_set(ranks)
     with pytest.raises(ValueError, match="not registered"):
         hvd.allreduce_async(x, name="repeat.w", process_set=ranks)
+    with pytest.raises(ValueError, match="not registered"):  # (another set is looked up anew)
+        short(x, process_set=ranks)
 
 
 def test_fused_results_kept_by_the_caller_are_never_handed_out_again():
