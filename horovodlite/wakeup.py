@@ -105,7 +105,7 @@ class Wakeup:
         self._waiters = 0  # threads blocked in synchronize() now
         self._inbox = Inbox(comm, _TAG, 2)  # notes: the sleep it ends, the init's number
         self.sleeps = 0  # sleeps so far; the engines start asleep, in sleep 0
-        self.noted = True  # whether another rank's note ended the last sleep (see the module)
+        self.noted = False  # whether another rank's note ended the last sleep (see the module)
 
     def set(self) -> None:
         """Wake this rank's engine if it sleeps: work was submitted."""

@@ -8,6 +8,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from horovodlite import wakeup as wakeup_module
 from horovodlite.agreed_cache import AgreedCache
 from horovodlite.agreement import FAILED, digest
 from horovodlite.handles import Finished, Handle, Request
@@ -150,6 +151,38 @@ def test_a_flush_ends_the_pause_before_two_cycles():
         wakeup.flush()
         wakeup.clear()  # the engines agreed to sleep: the flush was served
         assert not wakeup.pause(0.0)
+    finally:
+        wakeup.close()
+
+
+def test_a_sleeping_engine_tests_for_notes_often_only_after_a_note_woke_it():
+    wakeup = Wakeup(MPI.COMM_SELF.Dup(), generation=0)
+    polls, script = [], []  # the local event's timeouts; what each test finds (work, a note)
+
+    class Work:  # the local event, answering from `script`
+        def wait(self, timeout):
+            polls.append(timeout)
+            return script.pop(0)[0]
+
+        def clear(self):
+            pass
+
+    wakeup._work = Work()
+    wakeup._woken_by_another = lambda: script.pop(0)[1] if script else False
+    try:
+        assert not wakeup.noted  # the engines start asleep, with nothing known
+        script[:] = [(True, None)]  # its own work wakes it
+        wakeup.sleep()
+        assert polls == [wakeup_module._MAX_POLL] and not wakeup.noted
+        polls.clear()
+        script[:] = [(False, None), (None, False), (False, None), (None, True)]  # then a note
+        wakeup.sleep()
+        assert polls == [wakeup_module._MAX_POLL] * 2 and wakeup.noted
+        polls.clear()
+        script[:] = [(False, None), (None, False), (True, None)]
+        wakeup.sleep()  # after a note: the short back-off, until its own work wakes it
+        assert polls == [wakeup_module._FIRST_POLL, 2 * wakeup_module._FIRST_POLL]
+        assert not wakeup.noted
     finally:
         wakeup.close()
 
