@@ -10,11 +10,11 @@ that arrives after its sleep has ended is ignored instead of ending the next one
 
 A sleeping engine tests for notes with a back-off up to 2 ms (20 ms after a second of sleep), so
 an idle job costs a fraction of a percent of a core per rank. Each test takes the GIL and MPI
-from the rank's other threads, and where a rank has one core it costs a thread that computes or
-runs synchronous collectives tens of µs (measured: docs/engine.md). So the back-off starts at
-100 µs only where a note from another rank ended the last sleep (a rank with no work of its
-own, which others wait for: a process set's non-members, say); an engine whose own work woke it
-(all ranks submit, as in data-parallel training) tests every 2 ms from the start.
+from a thread of the rank that runs synchronous collectives meanwhile: 200 of them right after
+asynchronous work took 1.3 times as long with tests from 100 µs (docs/engine.md). So the
+back-off starts at 100 µs only where a note from another rank ended the last sleep (a rank with
+no work of its own, which others wait for: a process set's non-members, say); an engine whose
+own work woke it (all ranks submit, as in data-parallel training) tests every 2 ms from the start.
 
 An awake engine cycles once per cycle time, so that requests submitted meanwhile (a backward
 pass's gradients) are negotiated and fused together rather than one cycle each. A submission
