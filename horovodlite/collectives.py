@@ -90,7 +90,7 @@ def allreduce_plan(
     comm, ranks, array, xp, bad_input = prepare(tensor, process_set)
     if bad_input is None and average is None:  # (average warns on every call)
         plan = _templated_plan(array, xp, comm, ranks, op, name, prescale_factor,
-                               postscale_factor, process_set, algorithm, inplace, True)  # fmt: skip
+                               postscale_factor, process_set, algorithm, inplace)  # fmt: skip
         if plan is not None:
             return plan
     settings = current().settings
@@ -141,12 +141,11 @@ def allreduce_plan(
 
 
 def _templated_plan(array, xp, comm, ranks, op, name, prescale, postscale, process_set,
-                    algorithm, inplace: bool, with_inline: bool) -> Optional[Plan]:  # fmt: skip
+                    algorithm, inplace: bool) -> Optional[Plan]:  # fmt: skip
     """Return the plan of these arguments built from their template, or None where there is
-    none, or the array is read-only for an in-place call (the general way reports it).
-
-    `with_inline`: give the plan its inline route where the template says it travels inline
-    (the blocking call takes it; the engine ignores it).
+    none, or the array is read-only for an in-place call (the general way reports it). The plan
+    has its inline route where the template says it travels inline (the blocking call takes it;
+    the engine ignores it).
     """
     key = template_key(name, op, prescale, postscale, algorithm, inplace, comm.size, array, xp)
     if key is None:
@@ -156,9 +155,7 @@ def _templated_plan(array, xp, comm, ranks, op, name, prescale, postscale, proce
         return None
     resolved, requested, fields, travels, fusion = template
     entry = FusionEntry(array, xp, inplace, resolved, prescale, postscale, requested, fusion)
-    inline = None
-    if with_inline and travels:
-        inline = _inline_route(fields, array, resolved, inplace, ranks)
+    inline = _inline_route(fields, array, resolved, inplace, ranks) if travels else None
     # (Positionally: Plan's keyword arguments cost a tenth of a microsecond here.)
     return Plan(fields, set_id(process_set), comm, ranks, None, None, entry, entry, inline)
 
