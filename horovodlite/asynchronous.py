@@ -108,10 +108,12 @@ def repeated_allreduce_plan(
     memo = templates(state.settings)
     template = memo.get(key)
     if template is None or template[-1] is not state:
-        template = _repeated_template(state, tensor, xp, key, process_set)
-        if template is None:
-            return None
-        memo[key] = template
+        comm, ranks = communicator(process_set)  # (raises for a set that is gone, as both ways do)
+        general = memo.get(template_key(name, op, prescale_factor, postscale_factor, algorithm,
+                                        inplace, comm.size, tensor, xp))  # fmt: skip
+        if general is None:
+            return None  # (the general way leaves it)
+        template = memo[key] = _repeated_template(general, process_set, comm, ranks, state)
     if inplace and not getattr(tensor.flags, "writeable", True):
         return None
     resolved, requested, fields, fusion, comm, ranks, _ = template
@@ -122,16 +124,10 @@ def repeated_allreduce_plan(
     return Plan(fields, set_id(process_set), comm, ranks, None, None, entry, entry, None)
 
 
-def _repeated_template(state, array, xp, key: tuple, process_set) -> Optional[tuple]:
-    """Return (op, requested algorithm, fields, fusion key, communicator, global ranks, state)
-    for repeated_allreduce_plan's `key`, from the template the general way left under the
-    set's size (None where there is none yet); communicator and ranks None for a set other
-    than the global one."""
-    comm, ranks = communicator(process_set)  # (raises for a set that is gone, as both ways do)
-    by_size = (*key[:6], comm.size, *key[7:])
-    general = templates(state.settings).get(by_size)
-    if general is None:
-        return None
+def _repeated_template(general: tuple, process_set, comm, ranks, state) -> tuple:
+    """Return (op, requested algorithm, fields, fusion key, communicator, global ranks, state):
+    repeated_allreduce_plan's template, from the template the general way left under the set's
+    size; communicator and ranks None for a set other than the global one."""
     resolved, requested, fields, _, fusion = general
     if process_set is not global_process_set:
         comm = ranks = None
