@@ -83,16 +83,18 @@ def _member_names(name, count: int) -> list:
 
 def repeated_allreduce_plan(
     tensor, op, name, prescale_factor, postscale_factor, process_set, algorithm, inplace
-) -> Optional[Plan]:
-    """Return allreduce_plan() of these arguments (`average` None) with the least work, where an
-    earlier call with the same arguments, dtype and shape left its template (plan.templates);
-    else None, and allreduce_plan() builds the plan (and finds any error).
+) -> Optional[tuple]:
+    """Return (plan, entry) for allreduce_plan() of these arguments (`average` None) with the
+    least work, where an earlier call with the same arguments, dtype and shape left its template
+    (plan.templates); else None, and allreduce_plan() builds the plan (and finds any error).
 
     The asynchronous all-reduce's way: a backward pass submits every gradient this way, every
-    step. It takes numpy and CuPy arrays as they are (no conversion to try) and builds no inline
-    route, which only the blocking call takes (docs/engine.md). As tensor_plans' key does, the
-    process set itself stands for its size in the key, and the global set's communicator is
-    kept in the template (with the state it belongs to): a repeated call looks up no set.
+    step. The plan, without this call's array, is the template's own, shared by the calls
+    (`Engine.submit_one` takes the call's FusionEntry beside it); only the entry is new. It
+    takes numpy and CuPy arrays as they are (no conversion to try) and builds no inline route,
+    which only the blocking call takes (docs/engine.md). As tensor_plans' key does, the process
+    set itself stands for its size in the key, and the global set's communicator is kept in the
+    template's plan (with the state it belongs to): a repeated call looks up no set.
     """
     if type(tensor) is np.ndarray:
         xp = np
@@ -116,22 +118,25 @@ def repeated_allreduce_plan(
         template = memo[key] = _repeated_template(general, process_set, comm, ranks, state)
     if inplace and not getattr(tensor.flags, "writeable", True):
         return None
-    resolved, requested, fields, fusion, comm, ranks, _ = template
-    if comm is None:  # another set than the global one: looked up on every call, as it may go
+    resolved, requested, fusion, plan, fields, _ = template
+    if plan is None:  # another set than the global one: looked up on every call, as it may go
         comm, ranks = communicator(process_set)
+        plan = Plan(fields, set_id(process_set), comm, ranks)
     entry = FusionEntry(tensor, xp, inplace, resolved, prescale_factor, postscale_factor,
                         requested, fusion)  # fmt: skip
-    return Plan(fields, set_id(process_set), comm, ranks, None, None, entry, entry, None)
+    return plan, entry
 
 
 def _repeated_template(general: tuple, process_set, comm, ranks, state) -> tuple:
-    """Return (op, requested algorithm, fields, fusion key, communicator, global ranks, state):
+    """Return (op, requested algorithm, fusion key, plan, fields, state):
     repeated_allreduce_plan's template, from the template the general way left under the set's
-    size; communicator and ranks None for a set other than the global one."""
+    size. The plan holds no array (the calls share it); None for a set other than the global
+    one, whose communicator is looked up on every call."""
     resolved, requested, fields, _, fusion = general
-    if process_set is not global_process_set:
-        comm = ranks = None
-    return resolved, requested, fields, fusion, comm, ranks, state
+    plan = None
+    if process_set is global_process_set:
+        plan = Plan(fields, set_id(process_set), comm, ranks)
+    return resolved, requested, fusion, plan, fields, state
 
 
 def allreduce_async(
@@ -154,17 +159,18 @@ def allreduce_async(
     Raises:
         see horovodlite.asynchronous: submission errors here, the collective's in synchronize().
     """
-    plan = None
     if average is None:
-        plan = repeated_allreduce_plan(
+        repeated = repeated_allreduce_plan(
             tensor, op, name, prescale_factor, postscale_factor, process_set, algorithm, inplace
         )
-    if plan is None:
-        plan = allreduce_plan(
-            tensor, op=op, name=name, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, process_set=process_set, algorithm=algorithm,
-            average=average, inplace=inplace,
-        )  # fmt: skip
+        if repeated is not None:
+            plan, entry = repeated
+            return _state.current().engine.submit_one(plan, entry)
+    plan = allreduce_plan(
+        tensor, op=op, name=name, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, process_set=process_set, algorithm=algorithm,
+        average=average, inplace=inplace,
+    )  # fmt: skip
     return _engine().submit_one(plan)
 
 

@@ -20,7 +20,7 @@ def into_batches(requests: list, threshold: int) -> list:
     # interned (fusion.fusion_key), so the same kind is the same key object.
     key = bucket = None  # (process set, fusion key) of the request before, and its bucket
     for request in requests:
-        fusion = request.plan.fusion
+        fusion = request.fusion
         if fusion is None or threshold <= 0:
             batches.append([request])
             continue

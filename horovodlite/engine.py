@@ -19,6 +19,7 @@ and a request pending longer than the collective timeout fails on every rank and
 down.
 """
 
+import dataclasses
 import logging
 import threading
 import time
@@ -118,18 +119,19 @@ class Engine:
             return requests[0]  # its own handle, as submit_one's
         return Handle(requests, grouped, self._finished)
 
-    def submit_one(self, plan) -> Request:
+    def submit_one(self, plan, fusion=None) -> Request:
         """submit([plan]) with less Python: a backward pass submits each gradient alone. The
-        Request is its own handle."""
+        Request is its own handle. `fusion`: this call's FusionEntry, where `plan` is one that
+        repeated calls share (asynchronous.repeated_allreduce_plan)."""
         with self._lock:
             if self._stopped is not None:
                 raise type(self._stopped)(f"{describe(plan.fields)}: {self._stopped}")
-            request = self._request(plan, time.monotonic())
+            request = self._request(plan, time.monotonic(), fusion)
             self._incoming.append(request)
         self._wakeup.set()
         return request
 
-    def _request(self, plan, submitted: float) -> Request:
+    def _request(self, plan, submitted: float, fusion=None) -> Request:
         """Name `plan` if unnamed and take its name on this rank; return its Request."""
         name = plan.fields.get("name")  # (plan.name, without the property's call)
         if name is None:
@@ -137,8 +139,8 @@ class Engine:
             count = self._auto_names.get(counter, 0)
             self._auto_names[counter] = count + 1
             name = _auto_name(plan.kind, count)
-            # A copy: the plan's fields may be a template that other plans share.
-            plan.fields = {**plan.fields, "name": name}
+            # Copies: the plan, or its fields, may be a template's that other calls share.
+            plan = dataclasses.replace(plan, fields={**plan.fields, "name": name})
         key = (plan.process_set_id, name)
         if key in self._in_flight:  # (also a name given twice in one group)
             raise ValueError(
@@ -147,7 +149,7 @@ class Engine:
                 "rank has submitted it), or give each its own name"
             )
         self._in_flight.add(key)
-        return Request(plan, key, submitted, self._finished)
+        return Request(plan, key, submitted, self._finished, None, fusion)
 
     def begin_join(self) -> None:
         """Join, contributing zeros to all-reduces; return once every engine agreed on it.
@@ -369,9 +371,9 @@ class Engine:
                 timeline.span(name, "QUEUE", agreed, start)
         try:
             plan = batch[0].plan
-            if plan.fusion is not None:
+            if batch[0].fusion is not None:
                 phase = None if timeline is None else (lambda p: timeline.phase(names, p))
-                entries = [r.plan.fusion for r in batch]
+                entries = [r.fusion for r in batch]
                 results = fused_allreduce(comm, entries, phase)
             else:
                 payloads = None

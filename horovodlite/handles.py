@@ -23,12 +23,15 @@ class Request:
     """One submitted collective on this rank, until it finishes; the handle of one submitted
     alone."""
 
-    __slots__ = ("plan", "key", "_fingerprint", "submitted", "waited", "result", "error",
-                 "finished", "_waits", "__weakref__")  # fmt: skip
+    __slots__ = ("plan", "fusion", "key", "_fingerprint", "submitted", "waited", "result",
+                 "error", "finished", "_waits", "__weakref__")  # fmt: skip
 
     def __init__(self, plan: Plan, key: tuple, submitted: float, finished=None,
-                 fingerprint: int = None):  # fmt: skip
+                 fingerprint: int = None, fusion=None):  # fmt: skip
         self.plan, self.key, self._fingerprint = plan, key, fingerprint
+        # The all-reduce's FusionEntry, which the engine fuses: the plan's, or this call's own
+        # beside a plan that repeated calls share (asynchronous.repeated_allreduce_plan).
+        self.fusion = plan.fusion if fusion is None else fusion
         self.submitted = submitted  # time.monotonic() at submission
         self._waits = finished  # the engine's Finished, where its handle waits
         self.waited = None  # when a thread of this rank began to wait for it in synchronize()

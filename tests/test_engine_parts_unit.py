@@ -148,11 +148,11 @@ def test_only_an_allreduce_runs_beside_joined_ranks():
 
 def fusable(name: str, nbytes: int, key="float32", process_set=0):
     fusion = types.SimpleNamespace(key=key, array=np.zeros(nbytes, dtype=np.uint8))
-    return types.SimpleNamespace(key=(process_set, name), plan=types.SimpleNamespace(fusion=fusion))
+    return types.SimpleNamespace(key=(process_set, name), fusion=fusion)
 
 
 def unfusable(name: str):
-    return types.SimpleNamespace(key=(0, name), plan=types.SimpleNamespace(fusion=None))
+    return types.SimpleNamespace(key=(0, name), fusion=None)
 
 
 def names(batches: list) -> list:

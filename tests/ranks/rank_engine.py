@@ -826,10 +826,11 @@ def test_a_repeated_async_allreduce_takes_the_short_way_only_where_a_template_co
     assert short(x) is None  # no call yet
     for _ in range(2):
         assert_reduced(hvd.synchronize(hvd.allreduce_async(x, name="repeat.w")), want, hvd.Average)
-    plan, general = short(x), allreduce_plan(x, name="repeat.w")
+    (plan, entry), general = short(x), allreduce_plan(x, name="repeat.w")
     assert plan.fields is general.fields and plan.process_set_id == general.process_set_id
-    assert plan.fusion.key == general.fusion.key and plan.fusion.array is x
+    assert entry.key == general.fusion.key and entry.array is x
     assert plan.comm is general.comm and plan.ranks == general.ranks  # (the global set's, kept)
+    assert short(x)[0] is plan and plan.fusion is None  # one plan for the calls, no array in it
     assert_reduced(hvd.synchronize(hvd.allreduce_async(x, name="repeat.w")), want, hvd.Average)
     # Not covered: another shape or dtype, a prescale that is no float (it may equal 1.0), an
     # array subclass, in place (its own template), a read-only array in place.
