@@ -1,0 +1,88 @@
+"""Where a warm 2-thread asynchronous step goes, event by event (stop 58).
+
+    mpiexec -n 2 python benchmarks/results/stop58/step_threads.py [THREADS]
+
+engine_requests.py's "async, 2 threads" step (200 float32 arrays of 256 values, submitted by
+long-lived threads that take turns through two barriers, then synchronized by the main thread),
+each step after 200 synchronous all-reduces (the benchmark's "one sync each" comes between two
+asynchronous steps). Prints, for 10 steps on rank 0, the microseconds from the step's start at
+which each submitting thread began and ended, the engine woke from its sleep, the main thread
+resumed ("submitted"), the engine's cycles began and ended, and the results were all in hand.
+The engine's methods are wrapped to take the times (an experiment: the wrappers add a little).
+"""
+
+import sys
+import threading
+import time
+
+import numpy as np
+
+import horovodlite as hvd
+from horovodlite.state import current
+
+THREADS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+COUNT, VALUES, STEPS, SHOWN = 200, 256, 40, 10
+events: list = []
+
+
+def mark(what: str) -> None:
+    events.append((time.perf_counter(), what))
+
+
+def wrap(owner, name: str, before: str, after: str) -> None:
+    function = getattr(owner, name)
+
+    def wrapped(*args, **kwargs):
+        mark(before)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            mark(after)
+
+    setattr(owner, name, wrapped)
+
+
+def main() -> None:
+    hvd.init()
+    engine = current().engine
+    wrap(engine._wakeup, "sleep", "sleep", "woke")
+    wrap(engine, "_cycle", "cycle", "cycle_end")
+    arrays = [np.ones(VALUES, np.float32) for _ in range(COUNT)]
+    names = [f"step.{i}" for i in range(COUNT)]
+    start, done = threading.Barrier(THREADS + 1), threading.Barrier(THREADS + 1)
+    handles = [None] * THREADS
+
+    def submit(t: int) -> None:
+        while True:
+            start.wait()
+            mark(f"t{t}")
+            handles[t] = [hvd.allreduce_async(arrays[i], name=names[i])
+                          for i in range(t, COUNT, THREADS)]  # fmt: skip
+            mark(f"t{t}_end")
+            done.wait()
+
+    for t in range(THREADS):
+        threading.Thread(target=submit, args=(t,), daemon=True).start()
+    rows = []
+    for _ in range(STEPS):
+        for a, n in zip(arrays, names):
+            hvd.allreduce(a, name=n)
+        hvd.barrier()
+        events.clear()
+        begin = time.perf_counter()
+        start.wait()
+        done.wait()
+        mark("submitted")
+        for theirs in handles:
+            for handle in theirs:
+                hvd.synchronize(handle)
+        mark("results")
+        rows.append(" ".join(f"{what}@{(at - begin) * 1e6:.0f}" for at, what in sorted(events)
+                             if at - begin < 3e-3))  # fmt: skip
+    if hvd.rank() == 0:
+        print("\n".join(rows[-SHOWN:]))
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
