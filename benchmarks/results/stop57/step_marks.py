@@ -15,9 +15,11 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", ".."), os.path.join(HERE, "..")]
 
 from engine_requests import Submitters  # noqa: E402
+from step_events import StepEvents  # noqa: E402
 
 import horovodlite as hvd  # noqa: E402
 import horovodlite.algorithms as algorithms  # noqa: E402
@@ -29,24 +31,8 @@ KEYS = ["submitted", "cycle_start", "offer_start", "offer_end", "neg_start", "ne
         "ready_start", "ready_end", "into_start", "into_end", "batch_start", "lay_out_start",
         "lay_out_end", "copy_in_start", "copy_in_end", "mpi_start", "mpi_end", "hand_back_start",
         "hand_back_end", "batch_end", "first_result", "all_synced"]  # fmt: skip
-marks: dict = {}
-
-
-def mark(key: str) -> None:
-    marks.setdefault(key, []).append(time.perf_counter())
-
-
-def wrap(owner, name: str, before: str, after: str) -> None:
-    function = getattr(owner, name)
-
-    def wrapped(*args, **kwargs):
-        mark(before)
-        try:
-            return function(*args, **kwargs)
-        finally:
-            mark(after)
-
-    setattr(owner, name, wrapped)
+EVENTS = StepEvents()
+mark, wrap = EVENTS.mark, EVENTS.wrap
 
 
 def main() -> None:
@@ -77,7 +63,7 @@ def main() -> None:
     submitters = Submitters(hvd)
 
     def one_step() -> dict:
-        marks.clear()
+        EVENTS.clear()
         hvd.barrier()
         start = time.perf_counter()
         handles = submitters.submit(arrays, names)
@@ -89,8 +75,7 @@ def main() -> None:
         mark("all_synced")
         time.sleep(pause)
         # The first time after the step's start: an earlier step's idle cycle may end after it.
-        return {key: (min([t for t in times if t > start], default=np.nan) - start) * 1e6
-                for key, times in marks.items()}  # fmt: skip
+        return {key: (at - start) * 1e6 for key, at in EVENTS.first_after(start).items()}
 
     for _ in range(5):
         one_step()

@@ -11,35 +11,24 @@ resumed ("submitted"), the engine's cycles began and ended, and the results were
 The engine's methods are wrapped to take the times (an experiment: the wrappers add a little).
 """
 
+import os
 import sys
 import threading
 import time
 
 import numpy as np
 
-import horovodlite as hvd
-from horovodlite.state import current
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from step_events import StepEvents  # noqa: E402
+
+import horovodlite as hvd  # noqa: E402
+from horovodlite.state import current  # noqa: E402
 
 THREADS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 COUNT, VALUES, STEPS, SHOWN = 200, 256, 40, 10
-events: list = []
-
-
-def mark(what: str) -> None:
-    events.append((time.perf_counter(), what))
-
-
-def wrap(owner, name: str, before: str, after: str) -> None:
-    function = getattr(owner, name)
-
-    def wrapped(*args, **kwargs):
-        mark(before)
-        try:
-            return function(*args, **kwargs)
-        finally:
-            mark(after)
-
-    setattr(owner, name, wrapped)
+EVENTS = StepEvents()
+mark, wrap = EVENTS.mark, EVENTS.wrap
 
 
 def main() -> None:
@@ -68,7 +57,7 @@ def main() -> None:
         for a, n in zip(arrays, names):
             hvd.allreduce(a, name=n)
         hvd.barrier()
-        events.clear()
+        EVENTS.clear()
         begin = time.perf_counter()
         start.wait()
         done.wait()
@@ -77,8 +66,8 @@ def main() -> None:
             for handle in theirs:
                 hvd.synchronize(handle)
         mark("results")
-        rows.append(" ".join(f"{what}@{(at - begin) * 1e6:.0f}" for at, what in sorted(events)
-                             if at - begin < 3e-3))  # fmt: skip
+        shown = [(at, what) for at, what in sorted(EVENTS.events) if at - begin < 3e-3]
+        rows.append(" ".join(f"{what}@{(at - begin) * 1e6:.0f}" for at, what in shown))
     if hvd.rank() == 0:
         print("\n".join(rows[-SHOWN:]))
     hvd.shutdown()
