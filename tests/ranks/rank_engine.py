@@ -907,8 +907,12 @@ def test_unnamed_requests_of_one_template_get_names_of_their_own():
     assert len(set(names)) == 3 and all(".noname." in name for name in names)
     for i, handle in enumerate(handles):
         np.testing.assert_array_equal(hvd.synchronize(handle), np.full(2, float(n * i)))
-    # The fields they share as a template stay unnamed.
+    # The fields they share as a template stay unnamed, and so does the plan that repeated
+    # calls share (each named request runs on a copy of it).
     assert allreduce_plan(np.zeros(2), op=hvd.Sum).fields["name"] is None
+    shared, _ = repeated_allreduce_plan(np.zeros(2), hvd.Sum, None, 1.0, 1.0,
+                                        hvd.global_process_set, None, False)  # fmt: skip
+    assert shared.fields["name"] is None and all(h.plan is not shared for h in handles[1:])
 
 
 def test_templates_follow_the_settings(monkeypatch):
