@@ -1,13 +1,15 @@
 """Where a warm 2-thread asynchronous step goes, event by event (stop 58).
 
-    mpiexec -n 2 python benchmarks/results/stop58/step_threads.py [THREADS]
+    mpiexec -n 2 python benchmarks/results/stop58/step_threads.py [THREADS] [BETWEEN]
 
 engine_requests.py's "async, 2 threads" step (200 float32 arrays of 256 values, submitted by
-long-lived threads that take turns through two barriers, then synchronized by the main thread),
-each step after 200 synchronous all-reduces (the benchmark's "one sync each" comes between two
-asynchronous steps). Prints, for 10 steps on rank 0, the microseconds from the step's start at
-which each submitting thread began and ended, the engine woke from its sleep, the main thread
-resumed ("submitted"), the engine's cycles began and ended, and the results were all in hand.
+long-lived threads that take turns through two barriers, then synchronized by the main thread).
+BETWEEN says what comes before each step: "sync" (the default), 200 synchronous all-reduces, as
+a training step's synchronous calls or the benchmark's "one sync each"; "none", a barrier and an
+allgather_object only, as engine_requests.py's timing between its contenders. Prints, for 10
+steps on rank 0, the microseconds from the step's start at which each submitting thread began and
+ended, the engine woke from its sleep, the main thread resumed ("submitted"), the engine's cycles
+began and ended, and the results were all in hand.
 The engine's methods are wrapped to take the times (an experiment: the wrappers add a little).
 """
 
@@ -26,6 +28,7 @@ import horovodlite as hvd  # noqa: E402
 from horovodlite.state import current  # noqa: E402
 
 THREADS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+BETWEEN = sys.argv[2] if len(sys.argv) > 2 else "sync"
 COUNT, VALUES, STEPS, SHOWN = 200, 256, 40, 10
 EVENTS = StepEvents()
 mark, wrap = EVENTS.mark, EVENTS.wrap
@@ -54,8 +57,11 @@ def main() -> None:
         threading.Thread(target=submit, args=(t,), daemon=True).start()
     rows = []
     for _ in range(STEPS):
-        for a, n in zip(arrays, names):
-            hvd.allreduce(a, name=n)
+        if BETWEEN == "sync":
+            for a, n in zip(arrays, names):
+                hvd.allreduce(a, name=n)
+        else:
+            hvd.allgather_object(0.0)
         hvd.barrier()
         EVENTS.clear()
         begin = time.perf_counter()
