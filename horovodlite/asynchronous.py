@@ -165,7 +165,7 @@ def allreduce_async(
         )
         if repeated is not None:
             plan, entry = repeated
-            return _state.current().engine.submit_one(plan, entry)
+            return _engine().submit_one(plan, entry)
     plan = allreduce_plan(
         tensor, op=op, name=name, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, process_set=process_set, algorithm=algorithm,
